@@ -1,0 +1,42 @@
+# make serve: set up .venv, build the example repository, start the server on it.
+# make test:  the same set-up, then the whole test suite.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+REPO := configs/model_repository
+ARGS ?=
+
+.PHONY: install example-repo serve test test-compat lint bench clean
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/activate
+	$(BIN)/python -m pip install -q --upgrade "pip>=24"
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+$(REPO)/add/1/model.onnx: scripts/make_example_repo.py $(VENV)/.installed
+	$(BIN)/python scripts/make_example_repo.py $(REPO)
+
+example-repo: $(REPO)/add/1/model.onnx
+
+serve: example-repo
+	$(BIN)/tritonmp --model-repository $(REPO) --workers auto $(ARGS)
+
+test: example-repo
+	$(BIN)/python -m pytest -q -m "not compat" $(ARGS)
+
+test-compat: example-repo
+	$(BIN)/python -m pytest -q -m compat $(ARGS)
+
+lint: install
+	$(BIN)/ruff check tritonmp workers tests scripts
+
+bench: example-repo
+	bash scripts/bench_vs_triton.sh
+
+clean:
+	rm -rf $(VENV) $(REPO)/add/1/model.onnx

@@ -1,0 +1,174 @@
+"""Turn a batch of requests into one worker message, and the worker's result back into one
+response per request.
+
+For framework backends the requests are merged: each request's input bytes are written straight
+into its slice of one batched buffer (an arena region, or one frame for small tensors), and the
+outputs are split back along the batch dimension. For the python backend each request keeps its
+own tensors, and the worker hands execute() the list.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from . import datatypes, transport
+from .arena import Arena
+from .core import InferRequest, InferResponse, Tensor
+from .errors import ServerError, Status
+
+_len = struct.Struct("<I").unpack_from
+
+
+def _nbytes(data) -> int:
+    return data.nbytes if isinstance(data, memoryview) else len(data)
+
+
+def _place(datas: list, nbytes: int, arena: Arena, frames: list, ref: transport.TensorRef) -> None:
+    """Put the concatenation of `datas` into the arena when large and room is left, else a frame."""
+    ref.nbytes = nbytes
+    if nbytes >= transport.INLINE_LIMIT:
+        offset = arena.alloc(nbytes)
+        if offset is not None:
+            ref.offset = offset
+            for data in datas:
+                arena.write(data, offset)
+                offset += _nbytes(data)
+            return
+    ref.frame = len(frames)
+    frames.append(datas[0] if len(datas) == 1 else b"".join(datas))
+
+
+def _requested(request: InferRequest) -> list[str]:
+    return [] if request.outputs is None else [o.name for o in request.outputs]
+
+
+def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena) -> tuple[bytes, list]:
+    """The Execute header and tensor frames for `batch`; large inputs are written into `arena`."""
+    arena.reset()
+    frames: list = []
+    if merge:
+        first = batch[0]
+        sizes = [r.batch_size for r in batch]
+        total = sum(sizes)
+        refs = []
+        for i, t in enumerate(first.inputs):
+            datas = [r.inputs[i].data for r in batch]
+            shape = [total, *t.shape[1:]] if len(batch) > 1 else list(t.shape)
+            ref = transport.TensorRef(t.name, t.datatype, shape)
+            _place(datas, sum(_nbytes(d) for d in datas), arena, frames, ref)
+            refs.append(ref)
+        if any(r.outputs is None for r in batch):
+            outputs = []
+        else:
+            outputs = sorted({o.name for r in batch for o in r.outputs})
+        headers = [transport.RequestHeader(first.id, refs, outputs, first.parameters, sizes)]
+    else:
+        headers = []
+        for r in batch:
+            refs = []
+            for t in r.inputs:
+                ref = transport.TensorRef(t.name, t.datatype, list(t.shape))
+                _place([t.data], _nbytes(t.data), arena, frames, ref)
+                refs.append(ref)
+            headers.append(transport.RequestHeader(r.id, refs, _requested(r), r.parameters))
+    return transport.encode(transport.Execute(batch_id, headers)), frames
+
+
+def _buffer(ref: transport.TensorRef, frames, arena: Arena):
+    if ref.frame >= 0:
+        return frames[ref.frame].buffer
+    # copy out of the arena: the worker reuses it for its next batch
+    return memoryview(bytes(arena.view[ref.offset:ref.offset + ref.nbytes]))
+
+
+def _split_bytes(buf: memoryview, counts: list[int]) -> list[memoryview]:
+    """Split a BYTES buffer into consecutive runs of `counts` elements each."""
+    parts, pos = [], 0
+    for count in counts:
+        start = pos
+        for _ in range(count):
+            (n,) = _len(buf, pos)
+            pos += 4 + n
+        parts.append(buf[start:pos])
+    return parts
+
+
+def _check_output(ref: transport.TensorRef, output_types: dict[str, str], model: str) -> None:
+    want = output_types.get(ref.name)
+    if want is not None and want != ref.datatype:
+        raise ServerError(f"model '{model}' returned output '{ref.name}' as {ref.datatype}, but its "
+                          f"configuration declares {datatypes.to_config(want)}", Status.INTERNAL)
+
+
+def _error(status: str, message: str) -> ServerError:
+    return ServerError(message, Status[status] if status in Status.__members__ else Status.INTERNAL)
+
+
+def decode(result: transport.Result, batch: list[InferRequest], merge: bool, frames, arena: Arena,
+           output_types: dict[str, str], model: str, version: str) -> list[InferResponse | ServerError]:
+    """One response (or error) per request of the batch, in order."""
+    if result.error:
+        err = ServerError(result.error, Status.INTERNAL)
+        return [err] * len(batch)
+    if merge:
+        return _decode_merged(result, batch, frames, arena, output_types, model, version)
+    if len(result.responses) != len(batch):
+        err = ServerError(f"model '{model}' answered {len(result.responses)} of {len(batch)} requests",
+                          Status.INTERNAL)
+        return [err] * len(batch)
+    out: list[InferResponse | ServerError] = []
+    for request, header in zip(batch, result.responses):
+        if header.error:
+            out.append(_error(header.error_status, header.error))
+            continue
+        try:
+            tensors = []
+            wanted = None if request.outputs is None else {o.name for o in request.outputs}
+            for ref in header.outputs:
+                if ref.name not in output_types or (wanted is not None and ref.name not in wanted):
+                    continue
+                _check_output(ref, output_types, model)
+                tensors.append(Tensor(ref.name, ref.datatype, ref.shape, _buffer(ref, frames, arena)))
+            out.append(InferResponse(model, version, request.id, tensors))
+        except ServerError as e:
+            out.append(e)
+    return out
+
+
+def _decode_merged(result, batch, frames, arena, output_types, model, version):
+    (header,) = result.responses
+    if header.error:
+        return [_error(header.error_status, header.error)] * len(batch)
+    sizes = [r.batch_size for r in batch]
+    total = sum(sizes)
+    per_request: list[list[Tensor]] = [[] for _ in batch]
+    try:
+        for ref in header.outputs:
+            _check_output(ref, output_types, model)
+            buf = _buffer(ref, frames, arena)
+            if len(batch) == 1:
+                per_request[0].append(Tensor(ref.name, ref.datatype, ref.shape, buf))
+                continue
+            if not ref.shape or ref.shape[0] != total:
+                raise ServerError(f"model '{model}' returned output '{ref.name}' with shape {ref.shape}, "
+                                  f"whose first dimension should be the batch size {total}", Status.INTERNAL)
+            row_elems = datatypes.element_count(ref.shape[1:])
+            if ref.datatype == "BYTES":
+                parts = _split_bytes(buf, [s * row_elems for s in sizes])
+            else:
+                row_bytes = row_elems * datatypes.ITEMSIZE[ref.datatype]
+                parts, pos = [], 0
+                for s in sizes:
+                    parts.append(buf[pos:pos + s * row_bytes])
+                    pos += s * row_bytes
+            for i, (s, part) in enumerate(zip(sizes, parts)):
+                per_request[i].append(Tensor(ref.name, ref.datatype, [s, *ref.shape[1:]], part))
+    except ServerError as e:
+        return [e] * len(batch)
+    out = []
+    for request, tensors in zip(batch, per_request):
+        if request.outputs is not None:
+            wanted = {o.name for o in request.outputs}
+            tensors = [t for t in tensors if t.name in wanted]
+        out.append(InferResponse(model, version, request.id, tensors))
+    return out

@@ -1,0 +1,128 @@
+"""Command line: `tritonmp [serve] --model-repository DIR ...` with Triton's flag names and
+defaults, and `tritonmp check REPO...` to validate repositories without serving."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from . import __version__
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def _workers(text: str) -> str:
+    if text == "auto" or (text.isdigit() and int(text) > 0):
+        return text
+    raise argparse.ArgumentTypeError(f"expected 'auto' or a positive count, got '{text}'")
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tritonmp", description="A Triton-compatible inference server.")
+    p.add_argument("--version", action="version", version=f"tritonmp {__version__}")
+    p.add_argument("--model-repository", "--model-store", action="append", required=True, metavar="DIR",
+                   help="a model repository; may be given several times")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--http-address", default="0.0.0.0")
+    p.add_argument("--grpc-address", default="0.0.0.0")
+    p.add_argument("--metrics-address", default="0.0.0.0")
+    p.add_argument("--allow-http", type=_bool, default=True)
+    p.add_argument("--allow-grpc", type=_bool, default=True)
+    p.add_argument("--allow-metrics", type=_bool, default=True)
+    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--strict-readiness", type=_bool, default=True)
+    p.add_argument("--exit-on-error", type=_bool, default=True,
+                   help="exit when a model fails to load at startup (Triton's default)")
+    p.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    p.add_argument("--disable-auto-complete-config", action="store_true")
+    p.add_argument("--strict-model-config", type=_bool, default=None,
+                   help="deprecated Triton spelling of --disable-auto-complete-config")
+    p.add_argument("--workers", type=_workers, default="auto",
+                   help="instances for models without instance_group: auto (one per visible GPU, or one "
+                        "CPU instance without GPUs) or a count")
+    p.add_argument("--arena-mb", type=int, default=64,
+                   help="size of each worker's input and output shared-memory arena, in MiB")
+    return p
+
+
+def _logging(verbose: int) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose > 0 else logging.INFO,
+        format="%(levelname).1s%(asctime)s.%(msecs)03d %(process)d %(name)s] %(message)s",
+        datefmt="%m%d %H:%M:%S", stream=sys.stderr)
+
+
+def serve(argv: list[str]) -> int:
+    args = serve_parser().parse_args(argv)
+    _logging(args.log_verbose)
+    log = logging.getLogger("tritonmp")
+    for repo in args.model_repository:
+        if not os.path.isdir(repo):
+            log.error("model repository '%s' is not a directory", repo)
+            return 1
+    if not args.allow_http:
+        log.error("--allow-http=false leaves no frontend: gRPC is not served by this version yet")
+        return 1
+    from .gpus import visible_gpus
+    from .model_manager import ServerOptions
+    from .server import Endpoints, Server
+
+    auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
+    options = ServerOptions(repositories=[os.path.abspath(r) for r in args.model_repository],
+                            workers=args.workers, auto_complete=auto_complete,
+                            arena_bytes=args.arena_mb << 20, log_verbose=args.log_verbose,
+                            gpus=visible_gpus())
+    endpoints = Endpoints(args.http_address, args.http_port, args.allow_http)
+    if args.allow_grpc:
+        log.warning("gRPC is not served by this version yet; --grpc-port %d is not opened", args.grpc_port)
+    if args.allow_metrics:
+        log.warning("metrics are not served by this version yet; --metrics-port %d is not opened",
+                    args.metrics_port)
+
+    async def main() -> int:
+        server = Server(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs)
+        return await server.run()
+
+    try:
+        import uvloop
+
+        return uvloop.run(main())
+    except ImportError:
+        return asyncio.run(main())
+
+
+def check(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="tritonmp check",
+                                description="Validate model repositories without serving them.")
+    p.add_argument("repositories", nargs="+", metavar="REPO")
+    p.add_argument("--disable-auto-complete-config", action="store_true")
+    args = p.parse_args(argv)
+    from .check import check_repositories
+
+    problems, models = check_repositories(args.repositories, not args.disable_auto_complete_config)
+    for line in problems:
+        print(line)
+    n = len(problems)
+    print(f"{models} model(s) checked, {n} problem(s) found" if n else f"{models} model(s) checked, all good")
+    return 1 if n else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "check":
+        return check(argv[1:])
+    if argv and argv[0] == "serve":
+        argv = argv[1:]
+    return serve(argv)

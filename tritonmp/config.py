@@ -1,0 +1,316 @@
+"""Model configuration: parse config.pbtxt into Triton's ModelConfig, complete it, check it.
+
+Every problem is a ConfigProblem naming the file, the field and what to do about it, so that
+`tritonmp check` can list them all and the model manager can refuse a model with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from google.protobuf import text_format
+from google.protobuf.descriptor import FieldDescriptor
+from tritonclient.grpc import model_config_pb2 as mc
+
+from . import datatypes, onnx_graph
+
+ModelConfig = mc.ModelConfig
+
+# backend name -> (platform Triton reports, default model file name)
+BACKENDS = {
+    "onnxruntime": ("onnxruntime_onnx", "model.onnx"),
+    "python": ("", "model.py"),
+}
+# Backends Triton has that this server does not run yet, with their default file names.
+KNOWN_BACKENDS = {
+    "pytorch": "model.pt",
+    "tensorrt": "model.plan",
+    "tensorflow": "model.savedmodel",
+    "openvino": "model.xml",
+}
+PLATFORM_BACKEND = {
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "tensorrt_plan": "tensorrt",
+    "tensorflow_savedmodel": "tensorflow",
+    "tensorflow_graphdef": "tensorflow",
+    "ensemble": "ensemble",
+}
+
+
+@dataclass
+class ConfigProblem(Exception):
+    """One thing wrong with a model's configuration."""
+
+    path: str
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}: {self.field}: " if self.field else f"{self.path}: "
+        return where + self.message
+
+
+@dataclass
+class Completed:
+    """A model's configuration after parsing, completion and checking."""
+
+    config: mc.ModelConfig
+    backend: str
+    model_dir: str
+    versions: list[int]  # the version directories present, ascending
+
+
+def parse_text(text: str, path: str) -> mc.ModelConfig:
+    config = mc.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as e:
+        raise ConfigProblem(path, "", f"not a valid ModelConfig in protobuf text format: {e}") from None
+    return config
+
+
+def version_dirs(model_dir: str) -> list[int]:
+    out = []
+    for entry in os.listdir(model_dir):
+        if entry.isdigit() and os.path.isdir(os.path.join(model_dir, entry)):
+            out.append(int(entry))
+    return sorted(out)
+
+
+def resolve_backend(config: mc.ModelConfig, model_dir: str, versions: list[int], path: str) -> str:
+    """The backend name from `backend`, `platform`, or the model file that is present."""
+    if config.backend:
+        backend = config.backend
+        if config.platform and PLATFORM_BACKEND.get(config.platform, backend) != backend:
+            raise ConfigProblem(path, "platform", f"platform '{config.platform}' does not go with "
+                                f"backend '{backend}'; give one of them, or a matching pair")
+    elif config.platform:
+        if config.platform not in PLATFORM_BACKEND:
+            raise ConfigProblem(path, "platform", f"unknown platform '{config.platform}'; known: "
+                                + ", ".join(sorted(PLATFORM_BACKEND)))
+        backend = PLATFORM_BACKEND[config.platform]
+    else:
+        found = None
+        names = {b: f for b, (_, f) in BACKENDS.items()} | KNOWN_BACKENDS
+        for v in reversed(versions):
+            for b, fname in names.items():
+                if os.path.exists(os.path.join(model_dir, str(v), config.default_model_filename or fname)):
+                    found = b
+                    break
+            if found:
+                break
+        if found is None:
+            raise ConfigProblem(path, "backend", "no backend or platform given and no model file "
+                                "(model.onnx, model.py, ...) found in a version directory; set "
+                                "backend: \"onnxruntime\" or \"python\"")
+        backend = found
+    if backend == "ensemble":
+        raise ConfigProblem(path, "platform", "ensemble models are not supported by this server yet")
+    if backend not in BACKENDS:
+        known = ", ".join(sorted(BACKENDS))
+        raise ConfigProblem(path, "backend", f"backend '{backend}' is not available in this server "
+                            f"(available: {known})")
+    return backend
+
+
+def load(model_dir: str, auto_complete: bool = True) -> Completed:
+    """Parse, complete and check the configuration of the model in `model_dir`.
+
+    Raises ConfigProblem on the first problem; `check_all` collects them instead.
+    """
+    problems = check_all(model_dir, auto_complete)
+    if isinstance(problems, Completed):
+        return problems
+    raise problems[0]
+
+
+def check_all(model_dir: str, auto_complete: bool = True) -> Completed | list[ConfigProblem]:
+    model_dir = os.path.abspath(model_dir)
+    name = os.path.basename(model_dir)
+    path = os.path.join(model_dir, "config.pbtxt")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            try:
+                config = parse_text(f.read(), path)
+            except ConfigProblem as e:
+                return [e]
+    elif auto_complete:
+        config = mc.ModelConfig()
+    else:
+        return [ConfigProblem(path, "", "missing, and auto-complete is disabled "
+                              "(--disable-auto-complete-config); write a config.pbtxt")]
+    problems: list[ConfigProblem] = []
+    if not config.name:
+        config.name = name
+    elif config.name != name:
+        problems.append(ConfigProblem(path, "name", f"'{config.name}' differs from the model's directory "
+                                      f"name '{name}'; they must be the same"))
+    versions = version_dirs(model_dir)
+    if not versions:
+        problems.append(ConfigProblem(model_dir, "", "no version directory (a directory named by a "
+                                      "number, such as 1/, holding the model file)"))
+        return problems
+    try:
+        backend = resolve_backend(config, model_dir, versions, path)
+    except ConfigProblem as e:
+        return problems + [e]
+    platform, default_file = BACKENDS[backend]
+    config.backend = backend
+    config.platform = platform
+    if not config.default_model_filename:
+        config.default_model_filename = default_file
+    present = [v for v in versions
+               if os.path.exists(os.path.join(model_dir, str(v), config.default_model_filename))]
+    if not present:
+        problems.append(ConfigProblem(model_dir, "default_model_filename",
+                                      f"no version directory holds '{config.default_model_filename}'"))
+        return problems
+    if backend == "onnxruntime":
+        graph_file = os.path.join(model_dir, str(present[-1]), config.default_model_filename)
+        try:
+            graph = onnx_graph.read_io(graph_file)
+        except ValueError as e:
+            return problems + [ConfigProblem(graph_file, "", str(e))]
+        if auto_complete:
+            onnx_graph.complete(config, graph)
+        problems += onnx_graph.check(config, graph, path)
+    problems += check_fields(config, path)
+    if problems:
+        return problems
+    normalize(config)
+    return Completed(config=config, backend=backend, model_dir=model_dir, versions=present)
+
+
+def _check_tensors(kind: str, tensors, config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
+    problems = []
+    seen = set()
+    for i, t in enumerate(tensors):
+        field = f"{kind}[{i}]"
+        if not t.name:
+            problems.append(ConfigProblem(path, field + ".name", "empty; every tensor needs a name"))
+        elif t.name in seen:
+            problems.append(ConfigProblem(path, field + ".name", f"'{t.name}' appears twice"))
+        seen.add(t.name)
+        if t.data_type == mc.TYPE_INVALID:
+            problems.append(ConfigProblem(path, field + ".data_type", "missing; set one such as TYPE_FP32"))
+        if any(d < -1 or d == 0 for d in t.dims):
+            problems.append(ConfigProblem(path, field + ".dims", f"{list(t.dims)}: each dimension must "
+                                          "be a positive size or -1 for a variable one"))
+        if not t.dims and not t.HasField("reshape"):
+            problems.append(ConfigProblem(path, field + ".dims", "missing; give the tensor's shape "
+                                          "(without the batch dimension when max_batch_size > 0)"))
+        if t.HasField("reshape"):
+            problems.append(ConfigProblem(path, field + ".reshape", "reshape is not supported by this "
+                                          "server yet; give dims as the model sees them"))
+    return problems
+
+
+def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
+    problems = []
+    if config.max_batch_size < 0:
+        problems.append(ConfigProblem(path, "max_batch_size", "must be 0 (no batching) or positive"))
+    if not config.input:
+        problems.append(ConfigProblem(path, "input", "no inputs; list the model's inputs"))
+    if not config.output:
+        problems.append(ConfigProblem(path, "output", "no outputs; list the model's outputs"))
+    problems += _check_tensors("input", config.input, config, path)
+    problems += _check_tensors("output", config.output, config, path)
+    if config.HasField("dynamic_batching"):
+        db = config.dynamic_batching
+        if config.max_batch_size == 0:
+            problems.append(ConfigProblem(path, "dynamic_batching", "needs max_batch_size > 0; set "
+                                          "max_batch_size or remove dynamic_batching"))
+        for size in db.preferred_batch_size:
+            if size < 1 or (config.max_batch_size and size > config.max_batch_size):
+                problems.append(ConfigProblem(path, "dynamic_batching.preferred_batch_size",
+                                              f"{size} must lie between 1 and max_batch_size "
+                                              f"({config.max_batch_size})"))
+    if config.HasField("sequence_batching"):
+        problems.append(ConfigProblem(path, "sequence_batching", "not supported by this server yet"))
+    if config.HasField("ensemble_scheduling"):
+        problems.append(ConfigProblem(path, "ensemble_scheduling", "not supported by this server yet"))
+    if config.model_transaction_policy.decoupled:
+        problems.append(ConfigProblem(path, "model_transaction_policy.decoupled",
+                                      "decoupled models are not supported by this server yet"))
+    for i, group in enumerate(config.instance_group):
+        if group.count < 0:
+            problems.append(ConfigProblem(path, f"instance_group[{i}].count", "must be positive"))
+        if group.kind not in (mc.ModelInstanceGroup.KIND_AUTO, mc.ModelInstanceGroup.KIND_CPU,
+                              mc.ModelInstanceGroup.KIND_GPU):
+            problems.append(ConfigProblem(path, f"instance_group[{i}].kind",
+                                          f"{mc.ModelInstanceGroup.Kind.Name(group.kind)} is not "
+                                          "supported; use KIND_CPU, KIND_GPU or KIND_AUTO"))
+    vp = config.version_policy
+    if vp.WhichOneof("policy_choice") == "specific" and not vp.specific.versions:
+        problems.append(ConfigProblem(path, "version_policy.specific.versions", "empty; list versions"))
+    if vp.WhichOneof("policy_choice") == "latest" and vp.latest.num_versions < 1:
+        problems.append(ConfigProblem(path, "version_policy.latest.num_versions", "must be at least 1"))
+    return problems
+
+
+def normalize(config: mc.ModelConfig) -> None:
+    """Fill the defaults Triton fills, so that config and metadata answers match Triton's."""
+    if not config.version_policy.WhichOneof("policy_choice"):
+        config.version_policy.latest.num_versions = 1
+    if config.HasField("dynamic_batching") and not config.dynamic_batching.preferred_batch_size:
+        config.dynamic_batching.preferred_batch_size.append(config.max_batch_size)
+    opt = config.optimization
+    if not opt.HasField("input_pinned_memory"):
+        opt.input_pinned_memory.enable = True
+    if not opt.HasField("output_pinned_memory"):
+        opt.output_pinned_memory.enable = True
+    for i, group in enumerate(config.instance_group):
+        if not group.name:
+            group.name = f"{config.name}_{i}"
+        if group.count == 0:
+            group.count = 1
+
+
+def version_is_wanted(config: mc.ModelConfig, available: list[int]) -> list[int]:
+    """The versions the version policy serves, ascending."""
+    vp = config.version_policy
+    which = vp.WhichOneof("policy_choice")
+    if which == "all":
+        return list(available)
+    if which == "specific":
+        return [v for v in available if v in set(vp.specific.versions)]
+    n = vp.latest.num_versions or 1
+    return list(available[-n:])
+
+
+def to_json(message) -> dict:
+    """A protobuf message as Triton prints it: every scalar and list, 64-bit integers as numbers,
+    enums by name, message fields only when set."""
+    out = {}
+    for field in message.DESCRIPTOR.fields:
+        is_map = field.message_type is not None and field.message_type.GetOptions().map_entry
+        repeated = field.label == FieldDescriptor.LABEL_REPEATED
+        value = getattr(message, field.name)
+        if is_map:
+            value_field = field.message_type.fields_by_name["value"]
+            out[field.name] = {k: (to_json(v) if value_field.message_type else v) for k, v in value.items()}
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            if repeated:
+                out[field.name] = [to_json(v) for v in value]
+            elif message.HasField(field.name):
+                out[field.name] = to_json(value)
+        elif field.type == FieldDescriptor.TYPE_ENUM:
+            names = field.enum_type.values_by_number
+            out[field.name] = [names[v].name for v in value] if repeated else names[value].name
+        elif repeated:
+            out[field.name] = list(value)
+        else:
+            if field.containing_oneof is not None and not message.HasField(field.name):
+                continue
+            out[field.name] = value
+    return out
+
+
+def metadata_shape(config: mc.ModelConfig, dims) -> list[int]:
+    return ([-1] if config.max_batch_size > 0 else []) + list(dims)
+
+
+def tensor_datatype(tensor) -> str:
+    return datatypes.from_config(mc.DataType.Name(tensor.data_type))

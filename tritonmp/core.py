@@ -1,0 +1,47 @@
+"""The protocol-independent request and response types that both frontends decode into."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Tensor:
+    """A tensor as raw bytes in Triton's wire layout (BYTES: length-prefixed elements)."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: object = b""  # bytes, bytearray or memoryview
+    parameters: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    parameters: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    model_name: str
+    model_version: str  # "" for the highest ready version
+    id: str = ""
+    inputs: list[Tensor] = field(default_factory=list)
+    outputs: list[RequestedOutput] | None = None  # None: all outputs
+    parameters: dict = field(default_factory=dict)
+    # filled by validation and the scheduler
+    batch_size: int = 0
+    shape_key: tuple = ()
+    arrival_ns: int = 0
+    future: asyncio.Future | None = None
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model_name: str
+    model_version: str
+    id: str
+    outputs: list[Tensor]
+    parameters: dict = field(default_factory=dict)

@@ -1,0 +1,56 @@
+"""The protocol-independent core under every frontend: health, metadata, config and inference.
+Validation, scheduling and errors live here once; frontends only decode and encode."""
+
+from __future__ import annotations
+
+import logging
+
+from . import config as cfg
+from .core import InferRequest, InferResponse
+from .model_manager import ModelManager
+from .validation import check_request
+
+log = logging.getLogger("tritonmp.dataplane")
+
+
+class Dataplane:
+    def __init__(self, models: ModelManager, strict_readiness: bool = True):
+        self.models = models
+        self.strict_readiness = strict_readiness
+        self.accepting = True  # false once shutdown starts
+        self.loaded = False  # true once the startup load has finished
+
+    def live(self) -> bool:
+        return self.accepting
+
+    def ready(self) -> bool:
+        if not (self.accepting and self.loaded):
+            return False
+        return self.models.all_ready() if self.strict_readiness else True
+
+    def model_ready(self, name: str, version: str) -> bool:
+        try:
+            self.models.get(name, version)
+            return True
+        except Exception:
+            return False
+
+    def model_metadata(self, name: str, version: str) -> dict:
+        mv = self.models.find(name, version)
+        entry = self.models.entry(name)
+        c = mv.config
+
+        def tensors(items):
+            return [{"name": t.name, "datatype": cfg.tensor_datatype(t),
+                     "shape": cfg.metadata_shape(c, t.dims)} for t in items]
+
+        return {"name": name, "versions": [str(v) for v in sorted(entry.versions)],
+                "platform": entry.platform, "inputs": tensors(c.input), "outputs": tensors(c.output)}
+
+    def model_config(self, name: str, version: str) -> dict:
+        return self.models.find(name, version).config_json
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        mv = self.models.get(request.model_name, request.model_version)
+        check_request(request, mv.name, mv.max_batch_size, mv.inputs, mv.outputs)
+        return await mv.scheduler.submit(request)

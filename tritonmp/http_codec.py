@@ -1,0 +1,180 @@
+"""KServe v2 JSON and Triton's binary tensor extension: HTTP bodies to core requests, core
+responses to HTTP bodies."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import orjson
+
+from . import datatypes
+from .core import InferRequest, InferResponse, RequestedOutput, Tensor
+from .errors import invalid, unsupported
+
+_SHM_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+def decompress(body: bytes, encoding: str) -> bytes:
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    try:
+        if encoding == "gzip":
+            return zlib.decompress(body, 16 + zlib.MAX_WBITS)
+        if encoding == "deflate":
+            return zlib.decompress(body)
+    except zlib.error as e:
+        raise invalid(f"failed to decompress the request body ({encoding}): {e}") from None
+    raise unsupported(f"unsupported Content-Encoding '{encoding}'; use gzip or deflate")
+
+
+def compress(body: bytes, accept_encoding: str) -> tuple[bytes, str]:
+    accepted = [p.split(";")[0].strip().lower() for p in accept_encoding.split(",")]
+    if "gzip" in accepted:
+        c = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+        return c.compress(body) + c.flush(), "gzip"
+    if "deflate" in accepted:
+        return zlib.compress(body), "deflate"
+    return body, ""
+
+
+def _json_data(name: str, datatype: str, shape: list[int], data) -> bytes:
+    """JSON tensor data (flat or nested lists) as raw bytes in the wire layout."""
+    count = datatypes.element_count(shape)
+    try:
+        if datatype == "BYTES":
+            flat = np.asarray(data, dtype=np.object_).reshape(-1)
+            if flat.size != count:
+                raise ValueError("Shape does not match true shape of 'data' field")
+            for item in flat:
+                if not isinstance(item, str):
+                    raise ValueError("expected a string for a BYTES element")
+            return datatypes.serialize_bytes(flat)
+        if datatype == "BF16":
+            array = np.asarray(data, dtype=np.float32).astype(datatypes.NUMPY_OF["BF16"])
+        else:
+            array = np.asarray(data, dtype=datatypes.NUMPY_OF[datatype])
+    except (ValueError, TypeError, OverflowError) as e:
+        raise invalid(f"Unable to parse 'data' of input '{name}': {e}") from None
+    if array.size != count:
+        raise invalid(f"Unable to parse 'data' of input '{name}': Shape does not match true shape of "
+                      "'data' field")
+    return array.reshape(-1).view(np.uint8).tobytes()
+
+
+def _shape(name: str, value) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in value):
+        raise invalid(f"Unable to parse 'shape' of input '{name}': expected a list of integers")
+    return value
+
+
+def decode_infer(body: bytes, header_length: int | None, model: str, version: str) -> tuple[InferRequest, bool]:
+    """The core request, and whether outputs default to binary (`binary_data_output`)."""
+    if header_length is not None and not 0 <= header_length <= len(body):
+        raise invalid(f"Inference-Header-Content-Length {header_length} is outside the body of "
+                      f"{len(body)} bytes")
+    view = memoryview(body)
+    json_part = view[:header_length] if header_length is not None else view
+    try:
+        doc = orjson.loads(json_part)
+    except orjson.JSONDecodeError as e:
+        raise invalid(f"failed to parse the request JSON buffer: {e}") from None
+    if not isinstance(doc, dict):
+        raise invalid("failed to parse the request JSON buffer: expected a JSON object")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list):
+        raise invalid("Unable to parse 'inputs': expected a list of input tensors")
+    binary = view[header_length:] if header_length is not None else view[len(view):]
+    pos = 0
+    inputs = []
+    for item in raw_inputs:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise invalid("Unable to parse 'inputs': each input needs a 'name'")
+        name = item["name"]
+        datatype = item.get("datatype")
+        if datatype not in datatypes.ITEMSIZE:
+            raise invalid(f"invalid datatype for input {name}")
+        shape = _shape(name, item.get("shape"))
+        params = item.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise invalid(f"Unable to parse 'parameters' of input '{name}'")
+        if any(p in params for p in _SHM_PARAMETERS):
+            raise unsupported(f"input '{name}' refers to a shared-memory region; client shared memory is "
+                              "not supported by this server yet")
+        if "binary_data_size" in params:
+            size = params["binary_data_size"]
+            if not isinstance(size, int) or size < 0 or pos + size > len(binary):
+                raise invalid(f"unexpected binary_data_size {size} for input '{name}': the request holds "
+                              f"{len(binary) - pos} more bytes of binary data")
+            data = binary[pos:pos + size]
+            pos += size
+        elif "data" in item:
+            data = _json_data(name, datatype, shape, item["data"])
+        else:
+            raise invalid(f"input '{name}' has neither 'data' nor a 'binary_data_size' parameter")
+        inputs.append(Tensor(name, datatype, shape, data))
+    if pos != len(binary):
+        raise invalid(f"the request holds {len(binary)} bytes of binary data, but its inputs use {pos}")
+    outputs = None
+    if "outputs" in doc:
+        raw_outputs = doc["outputs"]
+        if not isinstance(raw_outputs, list):
+            raise invalid("Unable to parse 'outputs': expected a list")
+        outputs = []
+        for item in raw_outputs:
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                raise invalid("Unable to parse 'outputs': each output needs a 'name'")
+            params = item.get("parameters") or {}
+            if not isinstance(params, dict):
+                raise invalid(f"Unable to parse 'parameters' of output '{item['name']}'")
+            if "classification" in params:
+                raise unsupported("the classification extension is not supported by this server yet")
+            if any(p in params for p in _SHM_PARAMETERS):
+                raise unsupported(f"output '{item['name']}' refers to a shared-memory region; client shared "
+                                  "memory is not supported by this server yet")
+            outputs.append(RequestedOutput(item["name"], params))
+    parameters = doc.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise invalid("Unable to parse 'parameters': expected a JSON object")
+    request_id = doc.get("id", "")
+    if not isinstance(request_id, str):
+        raise invalid("Unable to parse 'id': expected a string")
+    binary_default = bool(parameters.pop("binary_data_output", False))
+    return InferRequest(model, version, request_id, inputs, outputs, parameters), binary_default
+
+
+def _json_values(t: Tensor):
+    if t.datatype == "BYTES":
+        return [b.decode("utf-8", errors="replace") for b in datatypes.deserialize_bytes(t.data)]
+    if t.datatype == "BF16":
+        return np.frombuffer(t.data, dtype=datatypes.NUMPY_OF["BF16"]).astype(np.float32)
+    return np.frombuffer(t.data, dtype=datatypes.NUMPY_OF[t.datatype])
+
+
+def encode_infer(response: InferResponse, request: InferRequest,
+                 default_binary: bool = False) -> tuple[bytes, int | None]:
+    """The response body and, when it carries binary tensors, the JSON header's length."""
+    wanted = {o.name: o.parameters for o in request.outputs} if request.outputs is not None else None
+    outputs = []
+    blobs = []
+    for t in response.outputs:
+        params = wanted.get(t.name, {}) if wanted is not None else {}
+        entry = {"name": t.name, "datatype": t.datatype, "shape": t.shape}
+        if params.get("binary_data", default_binary):
+            size = t.data.nbytes if isinstance(t.data, memoryview) else len(t.data)
+            entry["parameters"] = {"binary_data_size": size}
+            blobs.append(t.data)
+        else:
+            entry["data"] = _json_values(t)
+        outputs.append(entry)
+    doc = {}
+    if request.id:
+        doc["id"] = request.id
+    doc["model_name"] = response.model_name
+    doc["model_version"] = response.model_version
+    doc["outputs"] = outputs
+    head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not blobs:
+        return head, None
+    return b"".join([head, *blobs]), len(head)

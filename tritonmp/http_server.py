@@ -1,0 +1,155 @@
+"""The HTTP/REST frontend (KServe v2 with Triton's extensions) as one ASGI app for uvicorn.
+
+Handlers only decode into the core's request type and encode its answers; the infer route is
+dispatched by a precompiled pattern ahead of the router, the others by a small route table.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import orjson
+
+from . import __version__, http_codec
+from .dataplane import Dataplane
+from .errors import ServerError
+
+log = logging.getLogger("tritonmp.http")
+
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters"]
+_JSON = [(b"content-type", b"application/json")]
+_TEXT = [(b"content-type", b"text/plain")]
+
+_MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
+INFER = re.compile(_MODEL + r"/infer")
+ROUTES = [
+    (re.compile(r"/v2/health/live"), "GET", "live"),
+    (re.compile(r"/v2/health/ready"), "GET", "ready"),
+    (re.compile(r"/v2"), "GET", "server_metadata"),
+    (re.compile(_MODEL), "GET", "model_metadata"),
+    (re.compile(_MODEL + r"/ready"), "GET", "model_ready"),
+    (re.compile(_MODEL + r"/config"), "GET", "model_config"),
+]
+# Triton routes this server does not serve yet: answered 501 with the reason, never faked.
+NOT_YET = [
+    (re.compile(_MODEL + r"/stats|/v2/models/stats"), "statistics"),
+    (re.compile(r"/v2/repository(/.*)?"), "the model repository API"),
+    (re.compile(r"/v2/systemsharedmemory(/.*)?|/v2/cudasharedmemory(/.*)?"), "client shared memory"),
+    (re.compile(r"/v2/logging"), "the logging API"),
+    (re.compile(r"(/v2/models/[^/]+(/versions/[^/]+)?)?/v2/trace/setting|" + _MODEL + r"/trace/setting"),
+     "trace settings"),
+    (re.compile(_MODEL + r"/generate(_stream)?"), "the generate extension"),
+]
+
+
+async def _read_body(receive) -> bytes:
+    chunks = []
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionError("client went away")
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _send(send, status: int, body: bytes, headers=_JSON) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _error_body(message: str) -> bytes:
+    return orjson.dumps({"error": message})
+
+
+class HttpApp:
+    def __init__(self, dataplane: Dataplane):
+        self.dp = dataplane
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        method = scope["method"]
+        try:
+            m = INFER.fullmatch(path)
+            if m is not None:
+                if method != "POST":
+                    await _send(send, 405, _error_body("Method Not Allowed"), _TEXT)
+                    return
+                await self.infer(scope, receive, send, m["model"], m["version"] or "")
+                return
+            for pattern, want, name in ROUTES:
+                m = pattern.fullmatch(path)
+                if m is not None:
+                    if method != want:
+                        await _send(send, 405, _error_body("Method Not Allowed"), _TEXT)
+                        return
+                    await getattr(self, name)(send, **m.groupdict())
+                    return
+            for pattern, what in NOT_YET:
+                if pattern.fullmatch(path):
+                    await _send(send, 501, _error_body(f"{what} is not supported by this server yet"))
+                    return
+            await _send(send, 404, _error_body("Not Found"), _TEXT)
+        except ServerError as e:
+            await _send(send, e.status.http_status, _error_body(e.message))
+        except ConnectionError:
+            pass
+
+    # -- health and metadata ---------------------------------------------------------------
+    async def live(self, send) -> None:
+        await _send(send, 200 if self.dp.live() else 400, b"", _TEXT)
+
+    async def ready(self, send) -> None:
+        await _send(send, 200 if self.dp.ready() else 400, b"", _TEXT)
+
+    async def server_metadata(self, send) -> None:
+        doc = {"name": "triton", "version": __version__, "extensions": EXTENSIONS}
+        await _send(send, 200, orjson.dumps(doc))
+
+    async def model_metadata(self, send, model: str, version: str | None) -> None:
+        await _send(send, 200, orjson.dumps(self.dp.model_metadata(model, version or "")))
+
+    async def model_ready(self, send, model: str, version: str | None) -> None:
+        if self.dp.model_ready(model, version or ""):
+            await _send(send, 200, b"", _TEXT)
+        else:
+            await _send(send, 400, _error_body("Model version not ready"), _TEXT)
+
+    async def model_config(self, send, model: str, version: str | None) -> None:
+        await _send(send, 200, orjson.dumps(self.dp.model_config(model, version or "")))
+
+    # -- inference -------------------------------------------------------------------------
+    async def infer(self, scope, receive, send, model: str, version: str) -> None:
+        header_length = None
+        content_encoding = accept_encoding = ""
+        for key, value in scope["headers"]:
+            if key == b"inference-header-content-length":
+                try:
+                    header_length = int(value)
+                except ValueError:
+                    raise ServerError(f"Inference-Header-Content-Length '{value.decode(errors='replace')}' "
+                                      "is not a number") from None
+            elif key == b"content-encoding":
+                content_encoding = value.decode("latin-1")
+            elif key == b"accept-encoding":
+                accept_encoding = value.decode("latin-1")
+        body = await _read_body(receive)
+        if content_encoding:
+            body = http_codec.decompress(body, content_encoding)
+        request, binary_default = http_codec.decode_infer(body, header_length, model, version)
+        response = await self.dp.infer(request)
+        out, json_length = http_codec.encode_infer(response, request, binary_default)
+        headers = [(b"content-type", b"application/octet-stream" if json_length is not None
+                    else b"application/json")]
+        if json_length is not None:
+            headers.append((b"inference-header-content-length", str(json_length).encode()))
+        if accept_encoding:
+            out, used = http_codec.compress(out, accept_encoding)
+            if used:
+                headers.append((b"content-encoding", used.encode()))
+        await _send(send, 200, out, headers)

@@ -1,0 +1,276 @@
+"""Worker processes of one model version: start each instance by exec, watch it, dispatch a batch
+to an instance with credit, fail exactly its in-flight requests when it dies, restart it.
+
+Each instance has at most one batch in flight (a model instance runs one batch at a time, as in
+Triton), so its credit is 1 and its arenas are refilled from offset 0 for every batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from . import batching, transport
+from .arena import Arena, segment_name
+from .core import InferRequest
+from .errors import ServerError, Status
+from .link import WorkerLink
+
+log = logging.getLogger("tritonmp.pool")
+
+_uids = itertools.count(1)
+RESTART_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
+STABLE_SECS = 30.0
+
+
+@dataclass
+class InstanceSpec:
+    name: str  # Triton's instance name, e.g. add_0_0
+    kind: str  # "CPU" or "GPU"
+    device_id: int  # GPU index for KIND_GPU, 0 otherwise
+
+
+class LoadError(Exception):
+    pass
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class Instance:
+    """One model instance: a slot that a worker process fills, incarnation after incarnation."""
+
+    def __init__(self, pool: InstancePool, spec: InstanceSpec):
+        self.pool = pool
+        self.spec = spec
+        self.proc: asyncio.subprocess.Process | None = None
+        self.identity = b""
+        self.in_arena: Arena | None = None
+        self.out_arena: Arena | None = None
+        self.ready: asyncio.Future | None = None
+        self.batch: list[InferRequest] | None = None
+        self.batch_id = 0
+        self.alive = False
+        self.started_at = 0.0
+        self.restarts = 0
+        self.stopping = False
+        self._watch: asyncio.Task | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start a worker and wait for READY. Raises LoadError with the worker's reason."""
+        pool = self.pool
+        uid = next(_uids)
+        self.identity = f"{pool.model_name}/{pool.version}/{self.spec.name}/{uid}".encode()
+        arena_bytes = pool.arena_bytes
+        self.in_arena = Arena(segment_name(os.getpid(), f"{uid}-in"), arena_bytes, create=True)
+        self.out_arena = Arena(segment_name(os.getpid(), f"{uid}-out"), arena_bytes, create=True)
+        spec = transport.WorkerSpec(
+            endpoint=pool.link.endpoint, identity=self.identity, parent_pid=os.getpid(),
+            model_name=pool.model_name, model_version=pool.version, model_dir=pool.model_dir,
+            backend=pool.backend, config_json=pool.config_json, instance_name=self.spec.name,
+            kind=self.spec.kind, device_id=self.spec.device_id, in_arena=self.in_arena.name,
+            out_arena=self.out_arena.name, arena_bytes=arena_bytes, log_verbose=pool.log_verbose)
+        env = dict(os.environ)
+        env[transport.SPEC_ENV] = transport.encode_spec(spec)
+        env["CUDA_VISIBLE_DEVICES"] = str(self.spec.device_id) if self.spec.kind == "GPU" else ""
+        loop = asyncio.get_running_loop()
+        self.ready = loop.create_future()
+        self.pool.link.register(self.identity, self)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "tritonmp.workers.main", env=env, stdin=subprocess.DEVNULL)
+        except OSError as e:
+            self._release()
+            raise LoadError(f"cannot start a worker process: {e}") from None
+        self._watch = loop.create_task(self._watch_exit(self.proc))
+        try:
+            await self.ready
+        except LoadError:
+            self._release()
+            raise
+        # Both sides have mapped the arenas: drop their names so that nothing can be left behind.
+        self.in_arena.unlink()
+        self.out_arena.unlink()
+        self.alive = True
+        self.started_at = time.monotonic()
+        log.info("worker %s of model '%s' version %d is ready (pid %d)", self.spec.name,
+                 pool.model_name, pool.version, self.proc.pid)
+
+    def _release(self) -> None:
+        self.pool.link.unregister(self.identity)
+        for arena in (self.in_arena, self.out_arena):
+            if arena is not None:
+                arena.close()
+        self.in_arena = self.out_arena = None
+
+    async def _watch_exit(self, proc) -> None:
+        code = await proc.wait()
+        if proc is not self.proc:
+            return
+        was_alive, self.alive = self.alive, False
+        reason = _describe_exit(code)
+        if self.ready is not None and not self.ready.done():
+            self.ready.set_exception(LoadError(f"worker process {reason} while loading"))
+            return
+        if not was_alive:
+            return  # a failed load: start() has cleaned up and reports it
+        self._release()
+        if self.batch is not None:
+            batch, self.batch = self.batch, None
+            err = ServerError(
+                f"model '{self.pool.model_name}' instance '{self.spec.name}' (pid {proc.pid}) {reason} "
+                "while running this request; the instance is being restarted", Status.INTERNAL)
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(err)
+        self.pool.forget_idle(self)
+        if self.stopping:
+            return
+        log.error("worker %s of model '%s' version %d (pid %d) %s; restarting it", self.spec.name,
+                  self.pool.model_name, self.pool.version, proc.pid, reason)
+        asyncio.get_running_loop().create_task(self._restart())
+
+    async def _restart(self) -> None:
+        if time.monotonic() - self.started_at > STABLE_SECS:
+            self.restarts = 0
+        while not self.stopping:
+            delay = RESTART_DELAYS[min(self.restarts, len(RESTART_DELAYS) - 1)]
+            self.restarts += 1
+            self.pool.restart_count += 1
+            await asyncio.sleep(delay)
+            if self.stopping:
+                return
+            try:
+                await self.start()
+            except LoadError as e:
+                log.error("restarting worker %s of model '%s' failed: %s", self.spec.name,
+                          self.pool.model_name, e)
+                continue
+            self.pool.put_idle(self)
+            return
+
+    async def stop(self, deadline: float) -> None:
+        self.stopping = True
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            self._release()
+            return
+        self.pool.link.send(self.identity, transport.STOP, b"")
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            if sig is not None and proc.returncode is None:
+                proc.send_signal(sig)
+            try:
+                await asyncio.wait_for(proc.wait(), max(0.05, deadline - time.monotonic()))
+                break
+            except asyncio.TimeoutError:
+                deadline = time.monotonic() + 2.0
+        if self._watch is not None:
+            await asyncio.gather(self._watch, return_exceptions=True)
+        self._release()
+
+    # -- messages from the worker ----------------------------------------------------------
+    def on_message(self, kind: bytes, header, frames) -> None:
+        if kind == transport.RESULT:
+            self._on_result(transport.decode(transport.Result, header), frames)
+        elif kind == transport.READY:
+            ready = transport.decode(transport.Ready, header)
+            if ready.protocol != transport.PROTOCOL_VERSION:
+                self.ready.set_exception(LoadError(f"worker speaks protocol {ready.protocol}, "
+                                                   f"expected {transport.PROTOCOL_VERSION}"))
+            elif not self.ready.done():
+                self.ready.set_result(ready)
+        elif kind == transport.LOAD_FAILED:
+            failed = transport.decode(transport.LoadFailed, header)
+            if not self.ready.done():
+                self.ready.set_exception(LoadError(failed.error))
+
+    # -- work ------------------------------------------------------------------------------
+    def run(self, batch: list[InferRequest]) -> None:
+        """Send a batch; the instance has no other batch in flight."""
+        self.batch_id += 1
+        self.batch = batch
+        header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arena)
+        self.pool.link.send(self.identity, transport.EXECUTE, header, frames)
+
+    def _on_result(self, result: transport.Result, frames) -> None:
+        batch, self.batch = self.batch, None
+        if batch is None or result.batch_id != self.batch_id:
+            return
+        pool = self.pool
+        responses = batching.decode(result, batch, pool.merge, frames, self.out_arena, pool.output_types,
+                                    pool.model_name, str(pool.version))
+        for request, response in zip(batch, responses):
+            if request.future.done():
+                continue
+            if isinstance(response, ServerError):
+                request.future.set_exception(response)
+            else:
+                request.future.set_result(response)
+        pool.put_idle(self)
+
+
+class InstancePool:
+    """The instances of one model version and the queue of those ready for work."""
+
+    def __init__(self, link: WorkerLink, model_name: str, version: int, model_dir: str, backend: str,
+                 config_json: str, specs: list[InstanceSpec], output_types: dict[str, str],
+                 arena_bytes: int, log_verbose: int = 0):
+        self.link = link
+        self.model_name = model_name
+        self.version = version
+        self.model_dir = model_dir
+        self.backend = backend
+        self.config_json = config_json
+        self.output_types = output_types
+        self.arena_bytes = arena_bytes
+        self.log_verbose = log_verbose
+        self.merge = backend != "python"
+        self.instances = [Instance(self, s) for s in specs]
+        self.idle: deque[Instance] = deque()
+        self.on_idle = lambda: None
+        self.restart_count = 0
+
+    async def start(self) -> None:
+        results = await asyncio.gather(*(i.start() for i in self.instances), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await self.stop(time.monotonic() + 5)
+            first = errors[0]
+            raise LoadError(str(first)) if not isinstance(first, LoadError) else first
+        for instance in self.instances:
+            self.idle.append(instance)
+
+    def put_idle(self, instance: Instance) -> None:
+        if instance.alive and instance not in self.idle:
+            self.idle.append(instance)
+        self.on_idle()
+
+    def forget_idle(self, instance: Instance) -> None:
+        try:
+            self.idle.remove(instance)
+        except ValueError:
+            pass
+
+    def any_alive(self) -> bool:
+        return any(i.alive for i in self.instances)
+
+    async def stop(self, deadline: float) -> None:
+        await asyncio.gather(*(i.stop(deadline) for i in self.instances), return_exceptions=True)
+        self.idle.clear()

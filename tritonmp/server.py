@@ -1,0 +1,129 @@
+"""The server's lifecycle: start the worker link, the HTTP frontend and the models; stop in order
+on a signal (stop accepting, drain in-flight requests, stop workers, unlink shared memory)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from dataclasses import dataclass
+
+import uvicorn
+
+from . import arena
+from .dataplane import Dataplane
+from .http_server import HttpApp
+from .link import WorkerLink
+from .model_manager import ModelManager, ServerOptions
+
+log = logging.getLogger("tritonmp.server")
+
+
+@dataclass
+class Endpoints:
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    allow_http: bool = True
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: the server's loop decides when to stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def _model_table(models: ModelManager) -> str:
+    rows = []
+    for name in sorted(models.models):
+        entry = models.models[name]
+        if entry.problem:
+            rows.append((name, "-", "UNAVAILABLE: " + entry.problem.splitlines()[0]))
+        for v, mv in sorted(entry.versions.items()):
+            status = mv.state if mv.state == "READY" else f"{mv.state}: {mv.reason.splitlines()[0] if mv.reason else ''}"
+            rows.append((name, str(v), status))
+    header = ("Model", "Version", "Status")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def fmt(r):
+        return "|" + "|".join(f" {c:<{w}} " for c, w in zip(r, widths)) + "|"
+
+    return "\n".join([line, fmt(header), line, *(fmt(r) for r in rows), line])
+
+
+class Server:
+    def __init__(self, options: ServerOptions, endpoints: Endpoints, strict_readiness: bool = True,
+                 exit_on_error: bool = True, exit_timeout: float = 30.0):
+        self.options = options
+        self.endpoints = endpoints
+        self.strict_readiness = strict_readiness
+        self.exit_on_error = exit_on_error
+        self.exit_timeout = exit_timeout
+        self.stop_requested = asyncio.Event()
+        self.signals = 0
+        self.http: _Uvicorn | None = None
+
+    def _on_signal(self, signum: int) -> None:
+        self.signals += 1
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        self.stop_requested.set()
+        if self.signals > 1 and self.http is not None:
+            self.http.force_exit = True
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        removed = arena.remove_orphans()
+        if removed:
+            log.warning("removed %d shared-memory segments left by a server that is gone", len(removed))
+        link = WorkerLink()
+        link.start()
+        models = ModelManager(self.options, link)
+        dataplane = Dataplane(models, self.strict_readiness)
+        http = None
+        http_task = None
+        code = 0
+        try:
+            if self.endpoints.allow_http:
+                config = uvicorn.Config(HttpApp(dataplane), host=self.endpoints.http_address,
+                                        port=self.endpoints.http_port, loop="none", http="httptools",
+                                        lifespan="off", access_log=False, log_level="warning",
+                                        timeout_graceful_shutdown=self.exit_timeout, backlog=4096)
+                # bind here, so the port listens (and a busy port fails) before serving starts
+                sock = socket.create_server((self.endpoints.http_address, self.endpoints.http_port),
+                                            backlog=4096, reuse_port=False)
+                http = self.http = _Uvicorn(config)
+                http_task = loop.create_task(http.serve(sockets=[sock]))
+                log.info("Started HTTPService at %s:%d", self.endpoints.http_address, self.endpoints.http_port)
+            load = loop.create_task(models.load_all())
+            stop = loop.create_task(self.stop_requested.wait())
+            await asyncio.wait({load, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if load.done():
+                load.result()
+                dataplane.loaded = True
+                log.info("\n%s", _model_table(models))
+                failures = models.failures()
+                if failures and self.exit_on_error:
+                    log.error("failed to load all models:\n  %s", "\n  ".join(failures))
+                    code = 1
+                    self.stop_requested.set()
+                await stop
+            else:
+                load.cancel()
+        finally:
+            dataplane.accepting = False
+            deadline = time.monotonic() + self.exit_timeout
+            if http is not None:
+                http.should_exit = True
+                with contextlib.suppress(Exception):
+                    await http_task
+            await models.stop(deadline)
+            await link.close()
+            log.info("server stopped")
+        return code

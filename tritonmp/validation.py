@@ -1,0 +1,103 @@
+"""Check a request against its model's configuration before it is queued, with Triton's wording."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import datatypes
+from .core import InferRequest
+from .errors import invalid
+
+
+@dataclass(frozen=True)
+class TensorConfig:
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+    optional: bool = False
+
+
+def _fmt(shape) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+BATCH_NOTE = (" NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to "
+              "be prepended to each input shape. If you want to specify the full shape including the batch "
+              "dim in your input dims config, try setting max_batch_size to zero. See the model "
+              "configuration docs for more info on max_batch_size.")
+
+
+def check_request(request: InferRequest, model: str, max_batch_size: int, inputs: dict[str, TensorConfig],
+                  outputs: dict[str, str]) -> None:
+    """Raise an INVALID_ARG ServerError for the first thing wrong; set batch_size and shape_key."""
+    prefix = f"[request id: {request.id or '<id_unknown>'}] "
+    given = {t.name for t in request.inputs}
+    required = [n for n, c in inputs.items() if not c.optional]
+    missing = [n for n in required if n not in given]
+    if len(given) != len(request.inputs):
+        raise invalid(f"{prefix}input names must be unique for model '{model}'")
+    if missing or len(given) > len(inputs):
+        got = ",".join(f"'{n}'" for n in sorted(given))
+        miss = ",".join(f"'{n}'" for n in missing)
+        raise invalid(f"{prefix}expected {len(required)} inputs but got {len(request.inputs)} inputs for model "
+                      f"'{model}'. Got input(s) [{got}], but missing required input(s) [{miss}]. Please "
+                      "provide all required input(s).")
+    batch = None
+    key = []
+    for t in request.inputs:
+        cfg = inputs.get(t.name)
+        if cfg is None:
+            raise invalid(f"{prefix}unexpected inference input '{t.name}' for model '{model}'")
+        if t.datatype != cfg.datatype:
+            raise invalid(f"{prefix}inference input '{t.name}' data-type is '{t.datatype}', but model "
+                          f"'{model}' expects '{cfg.datatype}'")
+        shape = t.shape
+        if any(d < 0 for d in shape):
+            raise invalid(f"{prefix}input '{t.name}' for model '{model}' has a negative dimension in its shape "
+                          f"{_fmt(shape)}")
+        expected = ((-1,) if max_batch_size > 0 else ()) + cfg.dims
+        ok = len(shape) == len(expected) and all(e == -1 or e == d for e, d in zip(expected, shape))
+        if not ok:
+            note = BATCH_NOTE if max_batch_size > 0 else ""
+            raise invalid(f"{prefix}unexpected shape for input '{t.name}' for model '{model}'. Expected "
+                          f"{_fmt(expected)}, got {_fmt(shape)}.{note}")
+        if max_batch_size > 0:
+            if batch is None:
+                batch = shape[0]
+            elif shape[0] != batch:
+                raise invalid(f"{prefix}input '{t.name}' batch size does not match other inputs for '{model}'")
+        key.append((t.name, tuple(shape[1:]) if max_batch_size > 0 else tuple(shape)))
+        _check_size(t, prefix, model)
+    if max_batch_size > 0:
+        if batch is None or batch < 1 or batch > max_batch_size:
+            raise invalid(f"{prefix}inference request batch-size must be <= {max_batch_size} for '{model}'")
+        request.batch_size = batch
+    else:
+        request.batch_size = 1
+    request.shape_key = tuple(sorted(key))
+    if request.outputs is not None:
+        for o in request.outputs:
+            if o.name not in outputs:
+                raise invalid(f"unexpected inference output '{o.name}' for model '{model}'")
+    # inputs in configuration order, so that merged batches line up
+    order = {name: i for i, name in enumerate(inputs)}
+    request.inputs.sort(key=lambda t: order[t.name])
+
+
+def _check_size(t, prefix: str, model: str) -> None:
+    count = datatypes.element_count(t.shape)
+    data = t.data
+    nbytes = data.nbytes if isinstance(data, memoryview) else len(data)
+    if t.datatype == "BYTES":
+        try:
+            have = datatypes.count_bytes_elements(data)
+        except ValueError as e:
+            raise invalid(f"{prefix}input '{t.name}' for model '{model}': {e}") from None
+        if have != count:
+            raise invalid(f"{prefix}input '{t.name}' for model '{model}' holds {have} BYTES elements, but its "
+                          f"shape {_fmt(t.shape)} needs {count}")
+        return
+    want = count * datatypes.ITEMSIZE[t.datatype]
+    if nbytes != want:
+        raise invalid(f"{prefix}input byte size mismatch for input '{t.name}' for model '{model}'. Expected "
+                      f"{want}, got {nbytes}")

@@ -1,0 +1,171 @@
+"""The worker process: load one backend for one model instance, then run the batches the
+frontend sends until told to stop.
+
+Started by the frontend with a clean exec (`python -m tritonmp.workers.main`) and its spec in
+the environment. It speaks only the transport protocol: no HTTP, JSON or protobuf parsing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+import numpy as np
+import zmq
+
+from tritonmp import datatypes, transport
+from tritonmp.arena import Arena
+
+from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to kill us when the frontend dies, then check it has not died already."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(3)
+
+
+def load_backend(spec: transport.WorkerSpec, config: dict):
+    if spec.backend == "onnxruntime":
+        from .onnxruntime_backend import OnnxRuntimeBackend
+
+        return OnnxRuntimeBackend(spec, config)
+    if spec.backend == "python":
+        from .python_backend import PythonBackend
+
+        return PythonBackend(spec, config)
+    raise BackendError(f"backend '{spec.backend}' is not available in this server")
+
+
+class Worker:
+    def __init__(self, spec: transport.WorkerSpec):
+        self.spec = spec
+        self.ctx = zmq.Context(1)
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, spec.identity)
+        self.sock.setsockopt(zmq.LINGER, 1000)
+        self.sock.connect(spec.endpoint)
+        self.in_arena = Arena(spec.in_arena, 0, create=False)
+        self.out_arena = Arena(spec.out_arena, 0, create=False)
+        self.backend = None
+
+    def send(self, kind: bytes, header, frames=()) -> None:
+        self.sock.send_multipart([kind, transport.encode(header), *frames], copy=False)
+
+    def start(self) -> bool:
+        try:
+            config = json.loads(self.spec.config_json)
+            self.backend = load_backend(self.spec, config)
+            inputs, outputs = self.backend.metadata()
+        except BackendError as e:
+            self.send(transport.LOAD_FAILED, transport.LoadFailed(os.getpid(), str(e)))
+            return False
+        except Exception as e:
+            detail = traceback.format_exc(limit=-3)
+            self.send(transport.LOAD_FAILED, transport.LoadFailed(os.getpid(), f"{e}\n{detail}"))
+            return False
+        self.send(transport.READY, transport.Ready(transport.PROTOCOL_VERSION, os.getpid(), inputs, outputs))
+        return True
+
+    def decode_tensor(self, ref: transport.TensorRef, frames) -> WorkTensor:
+        if ref.frame >= 0:
+            buf = frames[ref.frame].buffer
+        else:
+            buf = self.in_arena.view[ref.offset:ref.offset + ref.nbytes]
+        if ref.datatype == "BYTES":
+            array = datatypes.deserialize_bytes(buf).reshape(ref.shape)
+        else:
+            array = np.frombuffer(buf, dtype=datatypes.NUMPY_OF[ref.datatype]).reshape(ref.shape)
+        return WorkTensor(ref.name, ref.datatype, array)
+
+    def encode_tensor(self, t: WorkTensor, frames: list) -> transport.TensorRef:
+        array = np.asarray(t.array)
+        buf = datatypes.to_buffer(t.datatype, array)
+        nbytes = len(buf) if isinstance(buf, bytes) else buf.nbytes
+        ref = transport.TensorRef(t.name, t.datatype, list(array.shape), nbytes=nbytes)
+        if nbytes >= transport.INLINE_LIMIT:
+            offset = self.out_arena.alloc(nbytes)
+            if offset is not None:
+                self.out_arena.write(buf, offset)
+                ref.offset = offset
+                return ref
+        ref.frame = len(frames)
+        frames.append(buf)
+        return ref
+
+    def run_batch(self, header: transport.Execute, frames) -> None:
+        t0 = time.perf_counter_ns()
+        requests = [
+            WorkRequest(r.id, [self.decode_tensor(ref, frames) for ref in r.inputs], r.outputs,
+                        r.parameters, r.batch_sizes)
+            for r in header.requests
+        ]
+        t1 = time.perf_counter_ns()
+        try:
+            responses = self.backend.execute(requests)
+            batch_error = ""
+        except BackendError as e:
+            responses, batch_error = [], str(e)
+        except Exception as e:
+            responses, batch_error = [], f"{type(e).__name__}: {e}"
+        t2 = time.perf_counter_ns()
+        out_frames: list = []
+        self.out_arena.reset()
+        headers = []
+        for r in responses:
+            try:
+                refs = [self.encode_tensor(t, out_frames) for t in r.outputs]
+                headers.append(transport.ResponseHeader(outputs=refs, error=r.error,
+                                                        error_status=r.error_status))
+            except (ValueError, TypeError, KeyError) as e:
+                headers.append(transport.ResponseHeader(error=f"cannot return the model's output: {e}"))
+        t3 = time.perf_counter_ns()
+        result = transport.Result(header.batch_id, headers, t1 - t0, t2 - t1, t3 - t2, batch_error)
+        self.send(transport.RESULT, result, out_frames)
+
+    def serve(self) -> None:
+        while True:
+            parts = self.sock.recv_multipart(copy=False)
+            kind = parts[0].bytes
+            if kind == transport.EXECUTE:
+                self.run_batch(transport.decode(transport.Execute, parts[1].buffer), parts[2:])
+            elif kind == transport.STOP:
+                break
+
+    def close(self) -> None:
+        if self.backend is not None:
+            try:
+                self.backend.finalize()
+            except Exception:
+                traceback.print_exc()
+        self.sock.close()
+        self.ctx.term()
+
+
+def main() -> int:
+    spec = transport.decode_spec(os.environ[transport.SPEC_ENV])
+    die_with_parent(spec.parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend decides when we stop
+    worker = Worker(spec)
+    try:
+        if worker.start():
+            worker.serve()
+    finally:
+        worker.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

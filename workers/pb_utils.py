@@ -1,0 +1,249 @@
+"""Triton's `triton_python_backend_utils` API, for model.py files written for Triton.
+
+The worker registers this module under the name `triton_python_backend_utils`, so that
+`import triton_python_backend_utils as pb_utils` in an unchanged model.py finds it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+from tritonmp import datatypes
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+
+TRITON_STRING_TO_NUMPY = {
+    datatypes.to_config(name): (np.bool_ if name == "BOOL" else dt.type) for name, dt in datatypes.NUMPY_OF.items()
+}
+
+
+def triton_string_to_numpy(triton_type_string: str):
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+def triton_to_numpy_type(data_type: int):
+    return datatypes.NUMPY_OF[datatypes.NAME_OF_ENUM[data_type]].type
+
+
+def numpy_to_triton_type(data_type) -> int | None:
+    try:
+        return datatypes.ENUM_OF[datatypes.of_numpy(np.dtype(data_type))]
+    except (TypeError, ValueError):
+        return None
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
+    if input_tensor.size == 0:
+        return None
+    return np.frombuffer(datatypes.serialize_bytes(input_tensor), dtype=np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor) -> np.ndarray:
+    return datatypes.deserialize_bytes(encoded_tensor)
+
+
+class TritonError(Exception):
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    _STATUS = {0: "UNKNOWN", 1: "INTERNAL", 2: "NOT_FOUND", 3: "INVALID_ARG", 4: "UNAVAILABLE",
+               5: "UNSUPPORTED", 6: "ALREADY_EXISTS", 7: "CANCELLED"}
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self._message = message
+        self._code = code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def status_name(self) -> str:
+        return self._STATUS.get(self._code, "INTERNAL")
+
+
+class TritonModelException(Exception):
+    pass
+
+
+class Tensor:
+    """A named tensor held as a numpy array on the CPU."""
+
+    def __init__(self, name: str, tensor, datatype: str | None = None):
+        array = np.asarray(tensor)
+        if array.dtype.kind in ("U", "S"):
+            array = array.astype(np.object_)
+        self._name = name
+        self._array = array
+        self._datatype = datatype or datatypes.of_numpy(array.dtype)
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def triton_dtype(self) -> int:
+        return datatypes.ENUM_OF[self._datatype]
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self):
+        return self._array.__dlpack__()
+
+    @classmethod
+    def from_dlpack(cls, name: str, capsule) -> Tensor:
+        return cls(name, np.from_dlpack(capsule))
+
+
+class InferenceResponse:
+    def __init__(self, output_tensors=None, error: TritonError | None = None, parameters=None):
+        self._outputs = list(output_tensors or [])
+        self._error = error
+        self._parameters = parameters
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+
+class InferenceRequest:
+    """A request handed to execute(); constructed by a model, it is a BLS request."""
+
+    def __init__(self, model_name: str = "", inputs=None, requested_output_names=None,
+                 request_id: str = "", correlation_id=0, flags: int = 0, parameters=None,
+                 model_version: int = -1, timeout: int = 0, **_kwargs):
+        self._model_name = model_name
+        self._inputs = list(inputs or [])
+        self._requested = list(requested_output_names or [])
+        self._id = request_id
+        self._correlation_id = correlation_id
+        self._flags = flags
+        if isinstance(parameters, dict):
+            parameters = json.dumps(parameters)
+        self._parameters = parameters or "{}"
+        self._model_version = model_version
+        self._timeout = timeout
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._id
+
+    def correlation_id(self):
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested
+
+    def parameters(self) -> str:
+        return self._parameters
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def get_response_sender(self):
+        raise TritonModelException("decoupled response senders are not supported by tritonmp yet")
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        return InferenceResponse(error=TritonError(
+            f"BLS requests (InferenceRequest.exec to model '{self._model_name}') are not supported by "
+            "tritonmp yet", TritonError.UNSUPPORTED))
+
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+        return self.exec(decoupled)
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_input_config_by_name(model_config: dict, name: str) -> dict | None:
+    for entry in model_config.get("input", []):
+        if entry["name"] == name:
+            return entry
+    return None
+
+
+def get_output_config_by_name(model_config: dict, name: str) -> dict | None:
+    for entry in model_config.get("output", []):
+        if entry["name"] == name:
+            return entry
+    return None
+
+
+class Logger:
+    """Writes to the server's log stream in Triton's layout."""
+
+    prefix = "model"
+
+    @classmethod
+    def _write(cls, level: str, message: str) -> None:
+        t = time.time()
+        stamp = time.strftime("%m%d %H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1e6):06d}"
+        sys.stderr.write(f"{level}{stamp} {cls.prefix}] {message}\n")
+        sys.stderr.flush()
+
+    @classmethod
+    def log(cls, message: str, level: int = 0) -> None:
+        cls._write("IWEV"[level] if 0 <= level <= 3 else "I", message)
+
+    @classmethod
+    def log_info(cls, message: str) -> None:
+        cls._write("I", message)
+
+    @classmethod
+    def log_warn(cls, message: str) -> None:
+        cls._write("W", message)
+
+    @classmethod
+    def log_error(cls, message: str) -> None:
+        cls._write("E", message)
+
+    @classmethod
+    def log_verbose(cls, message: str) -> None:
+        if cls.verbose:
+            cls._write("I", message)
+
+    verbose = 0
