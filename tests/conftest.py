@@ -1,0 +1,164 @@
+"""Fixtures that run the real tritonmp server as a subprocess on free ports and clean up after it:
+its processes, and every shared-memory segment it could have left."""
+
+from __future__ import annotations
+
+import glob
+import http.client
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_REPO = ROOT / "configs" / "model_repository"
+TEST_MODELS = Path(__file__).resolve().parent / "models"
+TRITONMP = [sys.executable, "-m", "tritonmp"]
+
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_request(port: int, method: str, path: str, body: bytes | None = None, headers=None,
+                 timeout: float = 30.0) -> tuple[int, dict, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def shm_segments(pid: int) -> list[str]:
+    return glob.glob(f"/dev/shm/tritonmp-{pid}-*")
+
+
+class ServerProcess:
+    """A running `tritonmp` process: its ports, its log, and helpers to wait on it."""
+
+    def __init__(self, repos: list[Path], args: list[str], log_path: Path):
+        self.http_port = free_port()
+        self.log_path = log_path
+        self.log_file = open(log_path, "wb")
+        cmd = [*TRITONMP, "--http-port", str(self.http_port)]
+        for repo in repos:
+            cmd += ["--model-repository", str(repo)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(cmd + list(args), stdout=self.log_file, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+        self.url = f"127.0.0.1:{self.http_port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, path: str) -> tuple[int, dict, bytes]:
+        return http_request(self.http_port, "GET", path)
+
+    def post(self, path: str, body: bytes, headers=None) -> tuple[int, dict, bytes]:
+        return http_request(self.http_port, "POST", path, body, headers)
+
+    def wait_until(self, condition, timeout: float = 60.0, what: str = "condition") -> None:
+        """Poll `condition` until it holds; fail with the server's log when it does not."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode} waiting for {what}:\n{self.log()}")
+            try:
+                if condition():
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.log()}")
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        self.wait_until(lambda: self.get("/v2/health/ready")[0] == 200, timeout, "readiness")
+
+    def wait_live(self, timeout: float = 60.0) -> None:
+        self.wait_until(lambda: self.get("/v2/health/live")[0] == 200, timeout, "liveness")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log_file.close()
+        return self.proc.returncode
+
+    def cleanup(self) -> None:
+        """Kill whatever is left of the process group and unlink segments it left behind."""
+        self.stop()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for path in shm_segments(self.proc.pid):
+            os.unlink(path)
+
+
+@pytest.fixture(scope="session")
+def example_repo(tmp_path_factory) -> Path:
+    """The example repository with its ONNX model built (as `make example-repo` does)."""
+    import make_example_repo
+
+    repo = tmp_path_factory.mktemp("example") / "model_repository"
+    shutil.copytree(EXAMPLE_REPO, repo, ignore=shutil.ignore_patterns("*.onnx"))
+    make_example_repo.main(str(repo))
+    return repo
+
+
+@pytest.fixture(scope="session")
+def test_repo(tmp_path_factory) -> Path:
+    repo = tmp_path_factory.mktemp("models") / "repo"
+    shutil.copytree(TEST_MODELS, repo)
+    return repo
+
+
+@pytest.fixture
+def start_server(tmp_path):
+    """Start servers for one test; each is stopped and cleaned up when the test ends."""
+    servers: list[ServerProcess] = []
+
+    def start(repos, *args: str, wait: bool = True) -> ServerProcess:
+        server = ServerProcess(list(repos), list(args), tmp_path / f"server{len(servers)}.log")
+        servers.append(server)
+        if wait:
+            server.wait_ready()
+        return server
+
+    yield start
+    for server in servers:
+        server.cleanup()
+    for server in servers:
+        assert not shm_segments(server.pid), f"shared memory left behind: {shm_segments(server.pid)}"
+
+
+@pytest.fixture(scope="module")
+def server(example_repo, test_repo, tmp_path_factory):
+    """One server on the example and test repositories, shared by a module's tests."""
+    s = ServerProcess([example_repo, test_repo], [], tmp_path_factory.mktemp("log") / "server.log")
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.cleanup()
+        assert not shm_segments(s.pid), f"shared memory left behind: {shm_segments(s.pid)}"

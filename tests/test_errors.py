@@ -1,0 +1,145 @@
+"""Bad input gets Triton's status and message, and changes nothing for anyone else."""
+
+import threading
+
+import numpy as np
+import orjson
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+
+def _add_body(a_shape=(1, 3), a_type="FP32", a_data=(1, 2, 3), with_b=True, **extra):
+    inputs = [{"name": "A", "shape": list(a_shape), "datatype": a_type, "data": list(a_data)}]
+    if with_b:
+        rows = a_shape[0] if len(a_shape) == 2 else 1
+        inputs.append({"name": "B", "shape": [rows, 3], "datatype": "FP32", "data": [4, 5, 6] * rows})
+    return orjson.dumps({"inputs": inputs, **extra})
+
+
+BAD = {
+    "wrong dtype": ("/v2/models/add/infer", _add_body(a_type="FP64"), 400,
+                    "inference input 'A' data-type is 'FP64', but model 'add' expects 'FP32'"),
+    "wrong shape": ("/v2/models/add/infer", _add_body(a_shape=(1, 4), a_data=(1, 2, 3, 4)), 400,
+                    "unexpected shape for input 'A' for model 'add'. Expected [-1,3], got [1,4]"),
+    "missing input": ("/v2/models/add/infer", _add_body(with_b=False), 400,
+                      "expected 2 inputs but got 1 inputs for model 'add'. Got input(s) ['A'], but missing "
+                      "required input(s) ['B']"),
+    "batch over max_batch_size": ("/v2/models/add/infer", _add_body(a_shape=(9, 3), a_data=[1] * 27), 400,
+                                  "inference request batch-size must be <= 8 for 'add'"),
+    "unknown model": ("/v2/models/nope/infer", _add_body(), 404, "Request for unknown model: 'nope' is not found"),
+    "unknown version": ("/v2/models/add/versions/7/infer", _add_body(), 404,
+                        "Request for unknown model: 'add' version 7 is not found"),
+    "malformed JSON": ("/v2/models/add/infer", b'{"inputs": [{"name": "A"', 400,
+                       "failed to parse the request JSON buffer"),
+    "unknown output": ("/v2/models/add/infer", _add_body(outputs=[{"name": "Q"}]), 400,
+                       "unexpected inference output 'Q' for model 'add'"),
+    "data shorter than shape": ("/v2/models/add/infer", _add_body(a_data=(1, 2)), 400,
+                                "Shape does not match true shape of 'data' field"),
+    "non-numeric data": ("/v2/models/add/infer", _add_body(a_data=(1, 2, "x")), 400, "Unable to parse 'data'"),
+    "unknown datatype": ("/v2/models/add/infer", _add_body(a_type="FP3"), 400, "invalid datatype for input A"),
+    "request id in message": ("/v2/models/add/infer", _add_body(a_type="INT8", id="req-9"), 400,
+                              "[request id: req-9] inference input 'A'"),
+}
+
+
+def _good_traffic(url, stop, failures, count):
+    client = httpclient.InferenceServerClient(url=url)
+    a = np.ones((2, 3), dtype=np.float32)
+    inputs = [httpclient.InferInput("A", a.shape, "FP32"), httpclient.InferInput("B", a.shape, "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    while not stop.is_set():
+        try:
+            np.testing.assert_array_equal(client.infer("add", inputs).as_numpy("C"), a + a)
+            count[0] += 1
+        except Exception as e:  # any failure of a good request fails the test
+            failures.append(e)
+
+
+@pytest.fixture
+def good_traffic(server):
+    stop, failures, count = threading.Event(), [], [0]
+    thread = threading.Thread(target=_good_traffic, args=(server.url, stop, failures, count))
+    thread.start()
+    yield
+    stop.set()
+    thread.join()
+    assert not failures, failures[:3]
+    assert count[0] > 0
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_request_gets_status_and_message(server, good_traffic, case):
+    path, body, status, message = BAD[case]
+    got_status, headers, raw = server.post(path, body)
+    assert got_status == status, raw
+    assert message in orjson.loads(raw)["error"]
+
+
+def test_binary_data_size_past_the_body_is_rejected(server, good_traffic):
+    head = orjson.dumps({"inputs": [
+        {"name": "A", "shape": [1, 3], "datatype": "FP32", "parameters": {"binary_data_size": 12}},
+        {"name": "B", "shape": [1, 3], "datatype": "FP32", "parameters": {"binary_data_size": 12}}]})
+    body = head + np.ones(3, np.float32).tobytes()
+    status, _, raw = server.post("/v2/models/add/infer", body,
+                                 {"Inference-Header-Content-Length": str(len(head))})
+    assert status == 400
+    assert "binary_data_size" in orjson.loads(raw)["error"]
+
+
+def test_binary_data_of_the_wrong_size_is_rejected(server, good_traffic):
+    head = orjson.dumps({"inputs": [
+        {"name": "A", "shape": [1, 3], "datatype": "FP32", "parameters": {"binary_data_size": 8}},
+        {"name": "B", "shape": [1, 3], "datatype": "FP32", "parameters": {"binary_data_size": 12}}]})
+    body = head + np.ones(2, np.float32).tobytes() + np.ones(3, np.float32).tobytes()
+    status, _, raw = server.post("/v2/models/add/infer", body,
+                                 {"Inference-Header-Content-Length": str(len(head))})
+    assert status == 400
+    assert "input byte size mismatch for input 'A' for model 'add'. Expected 12, got 8" in orjson.loads(raw)["error"]
+
+
+def test_tritonclient_sees_the_error_message(server):
+    client = httpclient.InferenceServerClient(url=server.url)
+    a = np.ones((1, 3), dtype=np.float64)
+    inputs = [httpclient.InferInput("A", a.shape, "FP64"), httpclient.InferInput("B", a.shape, "FP64")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    with pytest.raises(InferenceServerException, match="data-type is 'FP64', but model 'add' expects 'FP32'"):
+        client.infer("add", inputs)
+
+
+def test_wrong_method_and_unknown_route(server):
+    assert server.get("/v2/models/add/infer")[0] == 405
+    status, _, raw = server.get("/v2/nothing/here")
+    assert status == 404 and orjson.loads(raw) == {"error": "Not Found"}
+
+
+def test_routes_not_served_yet_say_so(server):
+    status, _, raw = server.get("/v2/models/add/stats")
+    assert status == 501
+    assert "not supported" in orjson.loads(raw)["error"]
+
+
+def test_model_that_raises_fails_only_its_request(server, good_traffic):
+    status, _, raw = server.post("/v2/models/fail/infer", orjson.dumps(
+        {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [0]}]}))
+    assert status == 500
+    assert "TritonModelException: the model refused X = 0" in orjson.loads(raw)["error"]
+    status, _, raw = server.post("/v2/models/fail/infer", orjson.dumps(
+        {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [5]}]}))
+    assert status == 200, raw
+
+
+def test_model_error_response_keeps_its_status(server):
+    status, _, raw = server.post("/v2/models/fail/infer", orjson.dumps(
+        {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]}))
+    assert status == 400
+    assert orjson.loads(raw)["error"] == "X = 1 is not a valid input"
+
+
+def test_model_output_of_the_wrong_datatype_is_an_error(server):
+    status, _, raw = server.post("/v2/models/fail/infer", orjson.dumps(
+        {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [2]}]}))
+    assert status == 500
+    assert "returned output 'Y' as FP64, but its configuration declares TYPE_FP32" in orjson.loads(raw)["error"]
