@@ -102,7 +102,7 @@ def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int]) -> lis
             group.count = total
         cfg.normalize(config)
     specs = []
-    for i, group in enumerate(config.instance_group):
+    for group in config.instance_group:
         kind = group.kind
         if kind == mc.ModelInstanceGroup.KIND_AUTO:
             kind = mc.ModelInstanceGroup.KIND_GPU if gpus else mc.ModelInstanceGroup.KIND_CPU

@@ -44,7 +44,8 @@ def _model_table(models: ModelManager) -> str:
         if entry.problem:
             rows.append((name, "-", "UNAVAILABLE: " + entry.problem.splitlines()[0]))
         for v, mv in sorted(entry.versions.items()):
-            status = mv.state if mv.state == "READY" else f"{mv.state}: {mv.reason.splitlines()[0] if mv.reason else ''}"
+            reason = mv.reason.splitlines()[0] if mv.reason else ""
+            status = mv.state if mv.state == "READY" else f"{mv.state}: {reason}"
             rows.append((name, str(v), status))
     header = ("Model", "Version", "Status")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]

@@ -21,7 +21,7 @@ import zmq
 from tritonmp import datatypes, transport
 from tritonmp.arena import Arena
 
-from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor
+from .backend import BackendError, WorkRequest, WorkTensor
 
 PR_SET_PDEATHSIG = 1
 

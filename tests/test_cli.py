@@ -1,0 +1,43 @@
+"""The command line: both entry points, Triton's flag names, --workers."""
+
+import os
+import subprocess
+import sys
+
+import orjson
+from conftest import TRITONMP
+
+
+def test_console_script_and_module_both_run():
+    script = os.path.join(os.path.dirname(sys.executable), "tritonmp")
+    for cmd in ([script, "--help"], [*TRITONMP, "--help"]):
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        for flag in ("--model-repository", "--http-port", "--grpc-port", "--metrics-port", "--http-address",
+                     "--log-verbose", "--strict-readiness", "--exit-timeout-secs",
+                     "--disable-auto-complete-config", "--workers"):
+            assert flag in result.stdout
+
+
+def test_bad_flag_values_are_refused():
+    result = subprocess.run([*TRITONMP, "--model-repository", ".", "--workers", "zero"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "expected 'auto' or a positive count" in result.stderr
+
+
+def test_missing_repository_is_an_error(tmp_path):
+    result = subprocess.run([*TRITONMP, "--model-repository", str(tmp_path / "nope"), "--http-port", "0"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "is not a directory" in result.stderr
+
+
+def test_workers_count_sets_instances_of_models_without_instance_group(start_server, example_repo):
+    server = start_server([example_repo], "--workers", "2")
+    config = orjson.loads(server.get("/v2/models/add/config")[2])
+    assert [(g["kind"], g["count"]) for g in config["instance_group"]] == [("KIND_CPU", 2)]
+    log = server.log()
+    assert "worker add_0_0 of model 'add'" in log and "worker add_0_1 of model 'add'" in log
+    # add_py names its own instance_group: --workers leaves it alone
+    assert "add_py_0_1" not in log

@@ -1,0 +1,135 @@
+"""The pure pieces, tested directly: the batch policy under a fake clock, the arena allocator,
+the batch codec, the BYTES format."""
+
+from collections import deque
+
+import numpy as np
+import pytest
+
+from tritonmp import batching, datatypes, transport
+from tritonmp.arena import Arena, segment_name
+from tritonmp.core import InferRequest, RequestedOutput, Tensor
+from tritonmp.scheduler import BatchPolicy
+
+
+def _req(batch=1, key=("x",), at=0):
+    r = InferRequest("m", "")
+    r.batch_size, r.shape_key, r.arrival_ns = batch, key, at
+    return r
+
+
+def test_policy_waits_for_the_queue_delay_then_sends_what_it_has():
+    policy = BatchPolicy(8, True, [8], max_queue_delay_ns=1000)
+    queue = deque([_req(at=0), _req(at=10)])
+    assert policy.take(queue, now_ns=500) == (None, 1000)
+    batch, _ = policy.take(queue, now_ns=1000)
+    assert len(batch) == 2 and not queue
+
+
+def test_policy_sends_at_once_when_max_batch_size_is_reached():
+    policy = BatchPolicy(4, True, [], max_queue_delay_ns=10**9)
+    queue = deque([_req(2), _req(2), _req(1)])
+    batch, _ = policy.take(queue, now_ns=0)
+    assert [r.batch_size for r in batch] == [2, 2]
+    assert len(queue) == 1
+
+
+def test_policy_sends_the_longest_preferred_prefix():
+    policy = BatchPolicy(8, True, [2, 4], max_queue_delay_ns=10**9)
+    queue = deque([_req(), _req(), _req(), _req(), _req()])
+    batch, _ = policy.take(queue, now_ns=0)
+    assert len(batch) == 4 and len(queue) == 1
+
+
+def test_policy_never_merges_different_shapes():
+    policy = BatchPolicy(8, True, [], max_queue_delay_ns=10**9)
+    queue = deque([_req(key=("a",)), _req(key=("a",)), _req(key=("b",))])
+    batch, _ = policy.take(queue, now_ns=0)
+    assert len(batch) == 2 and queue[0].shape_key == ("b",)
+
+
+def test_policy_without_dynamic_batching_sends_one_request():
+    policy = BatchPolicy(8, False)
+    queue = deque([_req(), _req()])
+    batch, _ = policy.take(queue, now_ns=0)
+    assert len(batch) == 1 and len(queue) == 1
+    assert policy.take(deque(), 0) == (None, None)
+
+
+@pytest.fixture
+def arena():
+    a = Arena(segment_name(0, "unit-test"), 1 << 20, create=True)
+    yield a
+    a.close()
+
+
+def test_arena_allocates_aligned_and_refuses_when_full(arena):
+    assert arena.alloc(10) == 0
+    assert arena.alloc(10) == 64
+    assert arena.alloc(1 << 20) is None
+    arena.reset()
+    assert arena.alloc(1 << 20) == 0
+
+
+def _tensor(name, array, datatype="FP32"):
+    return Tensor(name, datatype, list(array.shape), datatypes.to_buffer(datatype, array))
+
+
+class _Frame:
+    def __init__(self, data):
+        self.buffer = memoryview(data)
+
+
+def test_merged_batch_concatenates_inputs_and_splits_outputs(arena):
+    small = np.ones((1, 3), np.float32)
+    large = np.arange(2 * 20000, dtype=np.float32).reshape(2, 20000)  # over the inline limit
+    reqs = []
+    for i, rows in enumerate((1, 2)):
+        r = InferRequest("m", "", f"r{i}", [_tensor("A", small.repeat(rows, 0) * i),
+                                              _tensor("L", large[:rows] + i)])
+        r.batch_size = rows
+        r.outputs = [RequestedOutput("C")] if i == 0 else None
+        reqs.append(r)
+    header, frames = batching.encode(1, reqs, merge=True, arena=arena)
+    execute = transport.decode(transport.Execute, header)
+    (req,) = execute.requests
+    assert req.batch_sizes == [1, 2] and req.outputs == []
+    a_ref, l_ref = req.inputs
+    assert a_ref.shape == [3, 3] and a_ref.frame == 0
+    assert l_ref.shape == [3, 20000] and l_ref.frame == -1
+    merged_l = np.frombuffer(arena.view[l_ref.offset:l_ref.offset + l_ref.nbytes], np.float32).reshape(3, 20000)
+    np.testing.assert_array_equal(merged_l[1:], large + 1)
+    out = np.arange(9, dtype=np.float32).reshape(3, 3)
+    words = np.array([b"a", b"bb", b"", b"ccc", b"d", b"e"], dtype=object).reshape(3, 2)
+    result = transport.Result(1, [transport.ResponseHeader(outputs=[
+        transport.TensorRef("C", "FP32", [3, 3], frame=0, nbytes=36),
+        transport.TensorRef("W", "BYTES", [3, 2], frame=1)])])
+    responses = batching.decode(result, reqs, True, [_Frame(out.tobytes()), _Frame(datatypes.serialize_bytes(words))],
+                                arena, {"C": "FP32", "W": "BYTES"}, "m", "1")
+    assert [t.name for t in responses[0].outputs] == ["C"]
+    np.testing.assert_array_equal(np.frombuffer(responses[0].outputs[0].data, np.float32), out[0])
+    second = {t.name: t for t in responses[1].outputs}
+    assert second["C"].shape == [2, 3]
+    np.testing.assert_array_equal(np.frombuffer(second["C"].data, np.float32), out[1:].ravel())
+    assert list(datatypes.deserialize_bytes(second["W"].data)) == [b"", b"ccc", b"d", b"e"]
+
+
+def test_output_with_the_wrong_batch_dimension_fails_every_request(arena):
+    reqs = []
+    for i in range(2):
+        r = InferRequest("m", "", str(i), [_tensor("A", np.ones((1, 3), np.float32))])
+        r.batch_size = 1
+        reqs.append(r)
+    result = transport.Result(1, [transport.ResponseHeader(outputs=[
+        transport.TensorRef("C", "FP32", [3, 3], frame=0, nbytes=36)])])
+    responses = batching.decode(result, reqs, True, [_Frame(bytes(36))], arena, {"C": "FP32"}, "m", "1")
+    assert all("first dimension should be the batch size 2" in str(r) for r in responses)
+
+
+def test_bytes_format_round_trips_and_rejects_truncation():
+    values = np.array([b"x", b"", "\u00e9".encode()], dtype=object)
+    raw = datatypes.serialize_bytes(values)
+    assert list(datatypes.deserialize_bytes(raw)) == list(values)
+    assert datatypes.count_bytes_elements(raw) == 3
+    with pytest.raises(ValueError):
+        datatypes.count_bytes_elements(raw[:-1])

@@ -1,0 +1,98 @@
+"""A worker that dies mid-request fails exactly its requests, is restarted, and nobody else notices;
+no shared-memory segment survives the server, however it ends."""
+
+import os
+import re
+import signal
+import threading
+import time
+
+import orjson
+from conftest import shm_segments
+
+
+def _x(value):
+    return orjson.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [value]}]})
+
+
+def _add(server):
+    body = orjson.dumps({"inputs": [{"name": "A", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]},
+                                    {"name": "B", "shape": [1, 3], "datatype": "FP32", "data": [4, 5, 6]}]})
+    return server.post("/v2/models/add/infer", body)
+
+
+def _worker_pids(server, instance):
+    return [int(p) for p in re.findall(rf"worker {instance} of model '[^']+' version \d+ is ready \(pid (\d+)\)",
+                                       server.log())]
+
+
+def test_crash_fails_in_flight_request_and_the_instance_comes_back(start_server, example_repo, test_repo):
+    server = start_server([example_repo, test_repo])
+    first_pid = _worker_pids(server, "crash_0_0")[-1]
+    stop, failures = threading.Event(), []
+
+    def other_models():
+        while not stop.is_set():
+            status, _, raw = _add(server)
+            if status != 200:
+                failures.append(raw)
+
+    thread = threading.Thread(target=other_models)
+    thread.start()
+    try:
+        status, _, raw = server.post("/v2/models/crash/infer", _x(-1))
+        assert status == 500
+        error = orjson.loads(raw)["error"]
+        assert "model 'crash' instance 'crash_0_0'" in error
+        assert f"(pid {first_pid}) was killed by SIGKILL" in error
+        # the model stays READY while its instance restarts; the next request waits for it
+        assert server.get("/v2/models/crash/ready")[0] == 200
+        status, _, raw = server.post("/v2/models/crash/infer", _x(7))
+        assert status == 200, raw
+        assert orjson.loads(raw)["outputs"][0]["data"] == [7.0]
+    finally:
+        stop.set()
+        thread.join()
+    assert not failures, failures[:3]
+    new_pid = _worker_pids(server, "crash_0_0")[-1]
+    assert new_pid != first_pid
+    assert not os.path.exists(f"/proc/{first_pid}/status") or "zombie" in open(f"/proc/{first_pid}/status").read()
+    restart = f"crash_0_0 of model 'crash' version 1 (pid {first_pid}) was killed by SIGKILL; restarting it"
+    assert restart in server.log()
+
+
+def test_clean_stop_leaves_no_segment_and_no_worker(start_server, example_repo, test_repo):
+    server = start_server([example_repo, test_repo])
+    workers = _worker_pids(server, r"\S+")
+    assert workers
+    assert server.stop(signal.SIGTERM) == 0
+    assert not shm_segments(server.pid)
+    for pid in workers:
+        assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_killed_frontend_leaves_no_segment_and_its_workers_die(start_server, example_repo, test_repo):
+    server = start_server([example_repo, test_repo])
+    workers = _worker_pids(server, r"\S+")
+    # traffic first, with a tensor large enough to go through the arenas
+    big = orjson.dumps({"inputs": [{"name": "X", "shape": [1, 50_000], "datatype": "FP32",
+                                    "data": [1.0] * 50_000}]})
+    assert server.post("/v2/models/batch_report/infer", big)[0] == 200
+    server.proc.kill()
+    server.proc.wait()
+    assert not shm_segments(server.pid)
+    for pid in workers:  # PR_SET_PDEATHSIG takes them down with the frontend
+        _wait_gone(pid)
+
+
+def _wait_gone(pid, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                if "zombie" in f.read():
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"worker {pid} outlived its frontend")
