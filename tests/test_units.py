@@ -75,9 +75,8 @@ def _tensor(name, array, datatype="FP32"):
     return Tensor(name, datatype, list(array.shape), datatypes.to_buffer(datatype, array))
 
 
-class _Frame:
-    def __init__(self, data):
-        self.buffer = memoryview(data)
+def _Frame(data):
+    return memoryview(data)
 
 
 def test_merged_batch_concatenates_inputs_and_splits_outputs(arena):

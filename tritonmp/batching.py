@@ -76,7 +76,7 @@ def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena) 
 
 def _buffer(ref: transport.TensorRef, frames, arena: Arena):
     if ref.frame >= 0:
-        return frames[ref.frame].buffer
+        return frames[ref.frame]
     # copy out of the arena: the worker reuses it for its next batch
     return memoryview(bytes(arena.view[ref.offset:ref.offset + ref.nbytes]))
 

@@ -15,7 +15,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 from . import config as cfg
 from .config import ConfigProblem
 from .errors import not_found, unavailable
-from .link import WorkerLink
 from .pool import InstancePool, InstanceSpec, LoadError
 from .scheduler import BatchPolicy, Scheduler
 from .validation import TensorConfig
@@ -35,7 +34,7 @@ class ServerOptions:
 
 class ModelVersion:
     def __init__(self, name: str, version: int, completed: cfg.Completed, specs: list[InstanceSpec],
-                 link: WorkerLink, options: ServerOptions):
+                 options: ServerOptions):
         self.name = name
         self.version = version
         self.config = completed.config
@@ -48,7 +47,7 @@ class ModelVersion:
                        for t in c.input}
         self.outputs = {t.name: cfg.tensor_datatype(t) for t in c.output}
         self.config_json = cfg.to_json(c)
-        self.pool = InstancePool(link, name, version, completed.model_dir, completed.backend,
+        self.pool = InstancePool(name, version, completed.model_dir, completed.backend,
                                  json.dumps(self.config_json), specs, self.outputs, options.arena_bytes,
                                  options.log_verbose)
         db = c.dynamic_batching if c.HasField("dynamic_batching") else None
@@ -129,9 +128,8 @@ def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int]) -> lis
 
 
 class ModelManager:
-    def __init__(self, options: ServerOptions, link: WorkerLink):
+    def __init__(self, options: ServerOptions):
         self.options = options
-        self.link = link
         self.models: dict[str, ModelEntry] = {}
 
     def discover(self) -> list[ModelEntry]:
@@ -165,7 +163,7 @@ class ModelManager:
                 continue
             entry.platform = completed.config.platform or completed.backend
             for v in cfg.version_is_wanted(completed.config, completed.versions):
-                mv = ModelVersion(entry.name, v, completed, specs, self.link, self.options)
+                mv = ModelVersion(entry.name, v, completed, specs, self.options)
                 entry.versions[v] = mv
                 loads.append(mv.load())
             if not entry.versions:

@@ -12,6 +12,7 @@ import itertools
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,9 +21,9 @@ from dataclasses import dataclass
 
 from . import batching, transport
 from .arena import Arena, segment_name
+from .channel import Channel
 from .core import InferRequest
 from .errors import ServerError, Status
-from .link import WorkerLink
 
 log = logging.getLogger("tritonmp.pool")
 
@@ -60,7 +61,7 @@ class Instance:
         self.pool = pool
         self.spec = spec
         self.proc: asyncio.subprocess.Process | None = None
-        self.identity = b""
+        self.channel: Channel | None = None
         self.in_arena: Arena | None = None
         self.out_arena: Arena | None = None
         self.ready: asyncio.Future | None = None
@@ -77,12 +78,12 @@ class Instance:
         """Start a worker and wait for READY. Raises LoadError with the worker's reason."""
         pool = self.pool
         uid = next(_uids)
-        self.identity = f"{pool.model_name}/{pool.version}/{self.spec.name}/{uid}".encode()
         arena_bytes = pool.arena_bytes
         self.in_arena = Arena(segment_name(os.getpid(), f"{uid}-in"), arena_bytes, create=True)
         self.out_arena = Arena(segment_name(os.getpid(), f"{uid}-out"), arena_bytes, create=True)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         spec = transport.WorkerSpec(
-            endpoint=pool.link.endpoint, identity=self.identity, parent_pid=os.getpid(),
+            fd=theirs.fileno(), parent_pid=os.getpid(),
             model_name=pool.model_name, model_version=pool.version, model_dir=pool.model_dir,
             backend=pool.backend, config_json=pool.config_json, instance_name=self.spec.name,
             kind=self.spec.kind, device_id=self.spec.device_id, in_arena=self.in_arena.name,
@@ -92,13 +93,18 @@ class Instance:
         env["CUDA_VISIBLE_DEVICES"] = str(self.spec.device_id) if self.spec.kind == "GPU" else ""
         loop = asyncio.get_running_loop()
         self.ready = loop.create_future()
-        self.pool.link.register(self.identity, self)
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "tritonmp.workers.main", env=env, stdin=subprocess.DEVNULL)
+                sys.executable, "-m", "tritonmp.workers.main", env=env, stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),))
         except OSError as e:
+            ours.close()
             self._release()
             raise LoadError(f"cannot start a worker process: {e}") from None
+        finally:
+            theirs.close()
+        _, self.channel = await loop.connect_accepted_socket(
+            lambda: Channel(self.on_message, self._on_channel_lost), ours)
         self._watch = loop.create_task(self._watch_exit(self.proc))
         try:
             await self.ready
@@ -113,8 +119,15 @@ class Instance:
         log.info("worker %s of model '%s' version %d is ready (pid %d)", self.spec.name,
                  pool.model_name, pool.version, self.proc.pid)
 
+    def _on_channel_lost(self) -> None:
+        proc = self.proc
+        if proc is not None and proc.returncode is None and not self.stopping:
+            proc.kill()  # a worker without its socket is of no use; its exit is handled as a death
+
     def _release(self) -> None:
-        self.pool.link.unregister(self.identity)
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
         for arena in (self.in_arena, self.out_arena):
             if arena is not None:
                 arena.close()
@@ -172,7 +185,8 @@ class Instance:
         if proc is None or proc.returncode is not None:
             self._release()
             return
-        self.pool.link.send(self.identity, transport.STOP, b"")
+        if self.channel is not None:
+            self.channel.send(transport.STOP, b"")
         for sig in (None, signal.SIGTERM, signal.SIGKILL):
             if sig is not None and proc.returncode is None:
                 proc.send_signal(sig)
@@ -186,7 +200,7 @@ class Instance:
         self._release()
 
     # -- messages from the worker ----------------------------------------------------------
-    def on_message(self, kind: bytes, header, frames) -> None:
+    def on_message(self, kind: bytes, header: memoryview, frames: list[memoryview]) -> None:
         if kind == transport.RESULT:
             self._on_result(transport.decode(transport.Result, header), frames)
         elif kind == transport.READY:
@@ -207,7 +221,7 @@ class Instance:
         self.batch_id += 1
         self.batch = batch
         header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arena)
-        self.pool.link.send(self.identity, transport.EXECUTE, header, frames)
+        self.channel.send(transport.EXECUTE, header, frames)
 
     def _on_result(self, result: transport.Result, frames) -> None:
         batch, self.batch = self.batch, None
@@ -229,10 +243,9 @@ class Instance:
 class InstancePool:
     """The instances of one model version and the queue of those ready for work."""
 
-    def __init__(self, link: WorkerLink, model_name: str, version: int, model_dir: str, backend: str,
+    def __init__(self, model_name: str, version: int, model_dir: str, backend: str,
                  config_json: str, specs: list[InstanceSpec], output_types: dict[str, str],
                  arena_bytes: int, log_verbose: int = 0):
-        self.link = link
         self.model_name = model_name
         self.version = version
         self.model_dir = model_dir

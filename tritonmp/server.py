@@ -1,4 +1,4 @@
-"""The server's lifecycle: start the worker link, the HTTP frontend and the models; stop in order
+"""The server's lifecycle: start the HTTP frontend and the models; stop in order
 on a signal (stop accepting, drain in-flight requests, stop workers, unlink shared memory)."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import uvicorn
 from . import arena
 from .dataplane import Dataplane
 from .http_server import HttpApp
-from .link import WorkerLink
 from .model_manager import ModelManager, ServerOptions
 
 log = logging.getLogger("tritonmp.server")
@@ -83,9 +82,7 @@ class Server:
         removed = arena.remove_orphans()
         if removed:
             log.warning("removed %d shared-memory segments left by a server that is gone", len(removed))
-        link = WorkerLink()
-        link.start()
-        models = ModelManager(self.options, link)
+        models = ModelManager(self.options)
         dataplane = Dataplane(models, self.strict_readiness)
         http = None
         http_task = None
@@ -125,6 +122,5 @@ class Server:
                 with contextlib.suppress(Exception):
                     await http_task
             await models.stop(deadline)
-            await link.close()
             log.info("server stopped")
         return code

@@ -1,12 +1,17 @@
-"""The wire between the frontend and a worker: message types and their typed headers.
+"""The wire between the frontend and a worker: message framing, message types, typed headers.
 
-A message is [type byte, msgpack header, tensor frame, ...]. Headers are msgspec Structs, never
-pickle. A tensor travels either as a separate zero-copy frame (`frame` >= 0) or as a reference
-into one of the worker's shared-memory arenas (`frame` == -1, then `offset`/`nbytes`).
+Each worker has one Unix stream socket to the frontend (one end of a socketpair, inherited by
+the worker at exec). A message is a type byte, a msgpack header and tensor frames, preceded by
+their lengths; it is written with one gather-write and read straight into one buffer. Headers
+are msgspec Structs, never pickle. A tensor travels either as a frame (`frame` >= 0) or as a
+reference into one of the worker's shared-memory arenas (`frame` == -1, then `offset`/`nbytes`).
 Imported by the frontend and by workers; depends on msgspec only.
 """
 
 from __future__ import annotations
+
+import socket
+import struct
 
 import msgspec
 
@@ -78,8 +83,7 @@ class LoadFailed(msgspec.Struct):
 class WorkerSpec(msgspec.Struct):
     """Everything a worker needs to start; handed over in the environment."""
 
-    endpoint: str
-    identity: bytes
+    fd: int  # the worker's end of its socket to the frontend
     parent_pid: int
     model_name: str
     model_version: int
@@ -119,3 +123,72 @@ def decode_spec(text: str | bytes) -> WorkerSpec:
 SPEC_ENV = "TRITONMP_WORKER_SPEC"
 # Tensors smaller than this travel as ZeroMQ frames; larger ones through the arena.
 INLINE_LIMIT = 64 * 1024
+
+
+# -- framing ---------------------------------------------------------------------------------
+# [u64 n: bytes that follow] [u8 kind] [u32 header bytes] [u32 frames] [u64 frame bytes]*frames
+# [header] [frame 0] [frame 1] ...
+LENGTH = struct.Struct("<Q")
+_HEAD = struct.Struct("<BII")
+
+
+def _size(buf) -> int:
+    return buf.nbytes if isinstance(buf, memoryview) else len(buf)
+
+
+def pack(kind: bytes, header: bytes, frames=()) -> list:
+    """The buffers of one message, in order, for a gather-write."""
+    sizes = [_size(f) for f in frames]
+    lead = _HEAD.pack(kind[0], len(header), len(sizes)) + struct.pack(f"<{len(sizes)}Q", *sizes)
+    total = len(lead) + len(header) + sum(sizes)
+    return [LENGTH.pack(total) + lead, header, *frames]
+
+
+def unpack(message: memoryview) -> tuple[bytes, memoryview, list[memoryview]]:
+    """(kind, header, frames) of a message without its length prefix; views, not copies."""
+    kind, header_len, count = _HEAD.unpack_from(message, 0)
+    pos = _HEAD.size
+    sizes = struct.unpack_from(f"<{count}Q", message, pos)
+    pos += 8 * count
+    header = message[pos:pos + header_len]
+    pos += header_len
+    frames = []
+    for n in sizes:
+        frames.append(message[pos:pos + n])
+        pos += n
+    return bytes((kind,)), header, frames
+
+
+def send_message(sock: socket.socket, kind: bytes, header: bytes, frames=()) -> None:
+    """Blocking gather-write of a whole message (the worker's side)."""
+    parts = [memoryview(p).cast("B") for p in pack(kind, header, frames) if _size(p)]
+    while parts:
+        sent = sock.sendmsg(parts)
+        while sent:
+            if sent >= parts[0].nbytes:
+                sent -= parts[0].nbytes
+                parts.pop(0)
+            else:
+                parts[0] = parts[0][sent:]
+                sent = 0
+
+
+def _recv_exact(sock: socket.socket, view: memoryview) -> bool:
+    while view.nbytes:
+        n = sock.recv_into(view)
+        if n == 0:
+            return False
+        view = view[n:]
+    return True
+
+
+def recv_message(sock: socket.socket) -> memoryview | None:
+    """Blocking read of one whole message (the worker's side); None when the peer has gone."""
+    prefix = bytearray(LENGTH.size)
+    if not _recv_exact(sock, memoryview(prefix)):
+        return None
+    (total,) = LENGTH.unpack(prefix)
+    body = bytearray(total)
+    if not _recv_exact(sock, memoryview(body)):
+        return None
+    return memoryview(body)

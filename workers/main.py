@@ -11,12 +11,12 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
 
 import numpy as np
-import zmq
 
 from tritonmp import datatypes, transport
 from tritonmp.arena import Arena
@@ -52,17 +52,13 @@ def load_backend(spec: transport.WorkerSpec, config: dict):
 class Worker:
     def __init__(self, spec: transport.WorkerSpec):
         self.spec = spec
-        self.ctx = zmq.Context(1)
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.IDENTITY, spec.identity)
-        self.sock.setsockopt(zmq.LINGER, 1000)
-        self.sock.connect(spec.endpoint)
+        self.sock = socket.socket(fileno=spec.fd)
         self.in_arena = Arena(spec.in_arena, 0, create=False)
         self.out_arena = Arena(spec.out_arena, 0, create=False)
         self.backend = None
 
     def send(self, kind: bytes, header, frames=()) -> None:
-        self.sock.send_multipart([kind, transport.encode(header), *frames], copy=False)
+        transport.send_message(self.sock, kind, transport.encode(header), frames)
 
     def start(self) -> bool:
         try:
@@ -81,7 +77,7 @@ class Worker:
 
     def decode_tensor(self, ref: transport.TensorRef, frames) -> WorkTensor:
         if ref.frame >= 0:
-            buf = frames[ref.frame].buffer
+            buf = frames[ref.frame]
         else:
             buf = self.in_arena.view[ref.offset:ref.offset + ref.nbytes]
         if ref.datatype == "BYTES":
@@ -137,10 +133,12 @@ class Worker:
 
     def serve(self) -> None:
         while True:
-            parts = self.sock.recv_multipart(copy=False)
-            kind = parts[0].bytes
+            message = transport.recv_message(self.sock)
+            if message is None:
+                break  # the frontend has gone
+            kind, header, frames = transport.unpack(message)
             if kind == transport.EXECUTE:
-                self.run_batch(transport.decode(transport.Execute, parts[1].buffer), parts[2:])
+                self.run_batch(transport.decode(transport.Execute, header), frames)
             elif kind == transport.STOP:
                 break
 
@@ -151,7 +149,6 @@ class Worker:
             except Exception:
                 traceback.print_exc()
         self.sock.close()
-        self.ctx.term()
 
 
 def main() -> int:

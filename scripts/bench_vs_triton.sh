@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Throughput and p99 latency of tritonmp against the real Triton server, side by side in one run.
+#
+#   scripts/bench_vs_triton.sh            (or: make bench)
+#
+# Installs the reference tools (../shared/anchors/setup.sh), serves the same python-backend add
+# model (configs/model_repository/add_py) with tritonmp and with tritonserver-ref, and runs
+# perf_analyzer against each over HTTP (and gRPC where tritonmp serves it), at each concurrency,
+# alternating servers for ROUNDS rounds. Prints the medians and the ratio tritonmp / Triton.
+# Environment: ROUNDS (3), CONCURRENCY ("1 8"), PROTOCOLS ("http"), INTERVAL_MS (3000).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+anchors_dir=${ANCHORS_DIR:-$HOME/.cache/tritonmp-anchors}
+setup=${ANCHORS_SETUP:-$root/../shared/anchors/setup.sh}
+rounds=${ROUNDS:-3}
+concurrency=${CONCURRENCY:-"1 8"}
+protocols=${PROTOCOLS:-http}
+interval=${INTERVAL_MS:-3000}
+py=${PYTHON:-$root/.venv/bin/python}
+
+bash "$setup" "$anchors_dir" >/dev/null
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+mkdir -p "$work/repo"
+cp -r "$root/configs/model_repository/add_py" "$work/repo/"
+
+free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_ready() {
+  for _ in $(seq 600); do
+    curl -sf "localhost:$1/v2/health/ready" >/dev/null && return 0
+    sleep 0.1
+  done
+  echo "server on port $1 did not become ready; its log:" >&2; cat "$2" >&2; exit 1
+}
+
+mp_http=$(free_port); ref_http=$(free_port); ref_grpc=$(free_port); ref_metrics=$(free_port)
+"$py" -m tritonmp --model-repository "$work/repo" --http-port "$mp_http" >"$work/tritonmp.log" 2>&1 &
+pids+=($!)
+"$anchors_dir/bin/tritonserver-ref" --model-repository "$work/repo" --http-port "$ref_http" \
+  --grpc-port "$ref_grpc" --metrics-port "$ref_metrics" >"$work/triton.log" 2>&1 &
+pids+=($!)
+wait_ready "$mp_http" "$work/tritonmp.log"
+wait_ready "$ref_http" "$work/triton.log"
+
+run_pa() {  # server port protocol concurrency csv
+  "$anchors_dir/bin/perf_analyzer" -m add_py -u "localhost:$2" -i "$3" --concurrency-range "$4" \
+    --measurement-interval "$interval" --percentile 99 -f "$5" >"$5.log" 2>&1 \
+    || { echo "perf_analyzer failed against $1:" >&2; cat "$5.log" >&2; exit 1; }
+}
+
+results="$work/results.tsv"
+for r in $(seq "$rounds"); do
+  for proto in $protocols; do
+    for c in $concurrency; do
+      for server in tritonmp triton; do
+        if [ "$server" = tritonmp ]; then port=$mp_http; else port=$ref_http; fi
+        if [ "$proto" = grpc ]; then
+          [ "$server" = triton ] && port=$ref_grpc || { echo "tritonmp serves no gRPC yet; skipping" >&2; continue; }
+        fi
+        csv="$work/$server-$proto-$c-$r.csv"
+        run_pa "$server" "$port" "$proto" "$c" "$csv"
+        "$py" - "$csv" "$server" "$proto" "$c" >>"$results" <<'PY'
+import csv, sys
+path, server, proto, conc = sys.argv[1:]
+row = next(csv.DictReader(open(path)))
+print(server, proto, conc, row["Inferences/Second"], row["p99 latency"], sep="\t")
+PY
+      done
+    done
+  done
+  echo "round $r of $rounds done" >&2
+done
+
+"$py" - "$results" <<'PY'
+import statistics, sys
+from collections import defaultdict
+runs = defaultdict(list)
+for line in open(sys.argv[1]):
+    server, proto, conc, thr, p99 = line.split("\t")
+    runs[(proto, int(conc), server)].append((float(thr), float(p99)))
+print(f"{'protocol':8} {'conc':>4} | {'tritonmp inf/s':>14} {'triton inf/s':>12} {'ratio':>6} | "
+      f"{'tritonmp p99 us':>15} {'triton p99 us':>13} {'ratio':>6}")
+for proto, conc in sorted({(p, c) for p, c, _ in runs}):
+    mp, ref = runs.get((proto, conc, "tritonmp")), runs.get((proto, conc, "triton"))
+    if not mp or not ref:
+        continue
+    mt, rt = statistics.median(t for t, _ in mp), statistics.median(t for t, _ in ref)
+    ml, rl = statistics.median(p for _, p in mp), statistics.median(p for _, p in ref)
+    print(f"{proto:8} {conc:>4} | {mt:>14.0f} {rt:>12.0f} {mt / rt:>6.2f} | {ml:>15.0f} {rl:>13.0f} {ml / rl:>6.2f}")
+print("(medians over rounds; throughput ratio > 1 and p99 ratio < 1 favour tritonmp)")
+PY
