@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import orjson
+
 from conftest import TRITONMP
 
 

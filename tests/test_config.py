@@ -7,6 +7,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+
 from conftest import TRITONMP
 from make_example_repo import binary_op_model, write
 

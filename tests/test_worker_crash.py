@@ -8,6 +8,7 @@ import threading
 import time
 
 import orjson
+
 from conftest import shm_segments
 
 

@@ -23,8 +23,14 @@ def _physical_count() -> int:
         return 0
 
 
+FAKE_ENV = "TRITONMP_FAKE_GPUS"  # tests only: "0,1" pretends those GPUs exist
+
+
 def visible_gpus() -> list[int]:
     """Indexes of the GPUs this server may place instances on."""
+    fake = os.environ.get(FAKE_ENV)
+    if fake is not None:
+        return [int(p) for p in fake.split(",") if p.strip().isdigit()]
     count = _physical_count()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:

@@ -107,7 +107,7 @@ class Instance:
             lambda: Channel(self.on_message, self._on_channel_lost), ours)
         self._watch = loop.create_task(self._watch_exit(self.proc))
         try:
-            await self.ready
+            ready = await self.ready
         except LoadError:
             self._release()
             raise
@@ -116,8 +116,8 @@ class Instance:
         self.out_arena.unlink()
         self.alive = True
         self.started_at = time.monotonic()
-        log.info("worker %s of model '%s' version %d is ready (pid %d)", self.spec.name,
-                 pool.model_name, pool.version, self.proc.pid)
+        log.info("worker %s of model '%s' version %d is ready (pid %d)%s", self.spec.name,
+                 pool.model_name, pool.version, self.proc.pid, f"; {ready.detail}" if ready.detail else "")
 
     def _on_channel_lost(self) -> None:
         proc = self.proc

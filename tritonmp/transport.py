@@ -73,6 +73,7 @@ class Ready(msgspec.Struct):
     pid: int
     inputs: list[TensorSpec] = []
     outputs: list[TensorSpec] = []
+    detail: str = ""  # what the backend wants logged, e.g. its execution providers
 
 
 class LoadFailed(msgspec.Struct):

@@ -65,6 +65,7 @@ class Worker:
             config = json.loads(self.spec.config_json)
             self.backend = load_backend(self.spec, config)
             inputs, outputs = self.backend.metadata()
+            detail = getattr(self.backend, "detail", "")
         except BackendError as e:
             self.send(transport.LOAD_FAILED, transport.LoadFailed(os.getpid(), str(e)))
             return False
@@ -72,7 +73,8 @@ class Worker:
             detail = traceback.format_exc(limit=-3)
             self.send(transport.LOAD_FAILED, transport.LoadFailed(os.getpid(), f"{e}\n{detail}"))
             return False
-        self.send(transport.READY, transport.Ready(transport.PROTOCOL_VERSION, os.getpid(), inputs, outputs))
+        self.send(transport.READY, transport.Ready(transport.PROTOCOL_VERSION, os.getpid(), inputs, outputs,
+                                                   detail))
         return True
 
     def decode_tensor(self, ref: transport.TensorRef, frames) -> WorkTensor:

@@ -46,6 +46,7 @@ class OnnxRuntimeBackend:
             providers = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
         self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
         self.output_names = [o.name for o in self.session.get_outputs()]
+        self.detail = "onnxruntime providers: " + ", ".join(self.session.get_providers())
 
     def metadata(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
         def spec_of(v):
