@@ -33,3 +33,26 @@ def test_health_endpoints_answer_200_once_models_are_loaded(server):
     assert client.is_model_ready("add_py", "1")
     assert not client.is_model_ready("add", "2")
     assert not client.is_model_ready("no_such_model")
+
+
+def test_request_id_is_echoed(server):
+    client = httpclient.InferenceServerClient(url=server.url)
+    a = np.ones((1, 3), dtype=np.float32)
+    inputs = [httpclient.InferInput("A", a.shape, "FP32"), httpclient.InferInput("B", a.shape, "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    result = client.infer("add", inputs, request_id="my-request-42")
+    assert result.get_response()["id"] == "my-request-42"
+    assert "id" not in client.infer("add", inputs).get_response()
+
+
+def test_compressed_request_and_response_bodies(server):
+    client = httpclient.InferenceServerClient(url=server.url)
+    a = np.arange(300, dtype=np.float32).reshape(100, 3)[:8]
+    inputs = [httpclient.InferInput("A", a.shape, "FP32"), httpclient.InferInput("B", a.shape, "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    for request_algo, response_algo in (("gzip", "deflate"), ("deflate", "gzip")):
+        result = client.infer("add", inputs, request_compression_algorithm=request_algo,
+                              response_compression_algorithm=response_algo)
+        np.testing.assert_array_equal(result.as_numpy("C"), a + a)

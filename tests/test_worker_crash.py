@@ -97,3 +97,41 @@ def _wait_gone(pid, timeout=10.0):
             return
         time.sleep(0.05)
     raise AssertionError(f"worker {pid} outlived its frontend")
+
+
+BROKEN_ON_RESTART = '''
+import os
+import signal
+
+import triton_python_backend_utils as pb_utils
+
+MARK = os.path.join(os.path.dirname(__file__), "crashed")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if os.path.exists(MARK):
+            raise RuntimeError("cannot start again after a crash")
+
+    def execute(self, requests):
+        open(MARK, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+def test_queued_requests_fail_when_the_instance_cannot_come_back(start_server, tmp_path):
+    model = tmp_path / "repo" / "fragile"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(BROKEN_ON_RESTART)
+    (model / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+    server = start_server([tmp_path / "repo"])
+    status, _, raw = server.post("/v2/models/fragile/infer", _x(1))
+    assert status == 500 and "was killed by SIGKILL" in orjson.loads(raw)["error"]
+    status, _, raw = server.post("/v2/models/fragile/infer", _x(1))
+    assert status == 503
+    error = orjson.loads(raw)["error"]
+    assert "model 'fragile' version 1 has no live instance" in error
+    assert "cannot start again after a crash" in error

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import batching, transport
@@ -147,9 +148,10 @@ class Instance:
         self._release()
         if self.batch is not None:
             batch, self.batch = self.batch, None
+            then = "the server is shutting down" if self.stopping else "the instance is being restarted"
             err = ServerError(
                 f"model '{self.pool.model_name}' instance '{self.spec.name}' (pid {proc.pid}) {reason} "
-                "while running this request; the instance is being restarted", Status.INTERNAL)
+                f"while running this request; {then}", Status.INTERNAL)
             for request in batch:
                 if not request.future.done():
                     request.future.set_exception(err)
@@ -175,6 +177,11 @@ class Instance:
             except LoadError as e:
                 log.error("restarting worker %s of model '%s' failed: %s", self.spec.name,
                           self.pool.model_name, e)
+                if not self.pool.any_alive():
+                    # nothing can serve the queue until a restart succeeds: fail it rather than hang
+                    self.pool.on_down(ServerError(
+                        f"model '{self.pool.model_name}' version {self.pool.version} has no live instance: "
+                        f"restarting '{self.spec.name}' failed: {e}", Status.UNAVAILABLE))
                 continue
             self.pool.put_idle(self)
             return
@@ -257,7 +264,8 @@ class InstancePool:
         self.merge = backend != "python"
         self.instances = [Instance(self, s) for s in specs]
         self.idle: deque[Instance] = deque()
-        self.on_idle = lambda: None
+        self.on_idle = lambda: None  # the scheduler's pump: an instance can take work
+        self.on_down: Callable[[ServerError], None] = lambda error: None  # no instance can
         self.restart_count = 0
 
     async def start(self) -> None:

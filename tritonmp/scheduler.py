@@ -71,6 +71,7 @@ class Scheduler:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         pool.on_idle = self.pump
+        pool.on_down = self.fail_all
 
     def submit(self, request: InferRequest) -> asyncio.Future:
         loop = asyncio.get_running_loop()

@@ -61,8 +61,9 @@ class OnnxRuntimeBackend:
         feeds = {}
         for t in request.inputs:
             array = t.array
-            if t.datatype == "BYTES":
-                array = array.astype(np.str_) if array.size else array
+            if t.datatype == "BYTES":  # onnxruntime takes strings, Triton carries bytes
+                array = np.array([b.decode("utf-8", "replace") for b in array.reshape(-1)],
+                                 dtype=np.object_).reshape(array.shape)
             feeds[t.name] = array
         names = request.outputs or self.output_names
         try:
