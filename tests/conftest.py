@@ -50,15 +50,19 @@ class ServerProcess:
 
     def __init__(self, repos: list[Path], args: list[str], log_path: Path):
         self.http_port = free_port()
+        self.grpc_port = free_port()
+        self.metrics_port = free_port()
         self.log_path = log_path
         self.log_file = open(log_path, "wb")
-        cmd = [*TRITONMP, "--http-port", str(self.http_port)]
+        cmd = [*TRITONMP, "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+               "--metrics-port", str(self.metrics_port)]
         for repo in repos:
             cmd += ["--model-repository", str(repo)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(cmd + list(args), stdout=self.log_file, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)
         self.url = f"127.0.0.1:{self.http_port}"
+        self.grpc_url = f"127.0.0.1:{self.grpc_port}"
 
     @property
     def pid(self) -> int:

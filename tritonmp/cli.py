@@ -41,6 +41,11 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-http", type=_bool, default=True)
     p.add_argument("--allow-grpc", type=_bool, default=True)
     p.add_argument("--allow-metrics", type=_bool, default=True)
+    p.add_argument("--grpc-use-ssl", type=_bool, default=False)
+    p.add_argument("--grpc-use-ssl-mutual", type=_bool, default=False)
+    p.add_argument("--grpc-server-cert", default="")
+    p.add_argument("--grpc-server-key", default="")
+    p.add_argument("--grpc-root-cert", default="")
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--strict-readiness", type=_bool, default=True)
     p.add_argument("--exit-on-error", type=_bool, default=True,
@@ -72,9 +77,16 @@ def serve(argv: list[str]) -> int:
         if not os.path.isdir(repo):
             log.error("model repository '%s' is not a directory", repo)
             return 1
-    if not args.allow_http:
-        log.error("--allow-http=false leaves no frontend: gRPC is not served by this version yet")
-        return 1
+    tls = None
+    if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
+        if not (args.grpc_server_cert and args.grpc_server_key):
+            log.error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+            return 1
+        if args.grpc_use_ssl_mutual and not args.grpc_root_cert:
+            log.error("--grpc-use-ssl-mutual needs --grpc-root-cert to check client certificates")
+            return 1
+        tls = {"server_cert": args.grpc_server_cert, "server_key": args.grpc_server_key,
+               "root_cert": args.grpc_root_cert, "mutual": args.grpc_use_ssl_mutual}
     from .gpus import visible_gpus
     from .model_manager import ServerOptions
     from .server import Endpoints, Server
@@ -84,9 +96,8 @@ def serve(argv: list[str]) -> int:
                             workers=args.workers, auto_complete=auto_complete,
                             arena_bytes=args.arena_mb << 20, log_verbose=args.log_verbose,
                             gpus=visible_gpus())
-    endpoints = Endpoints(args.http_address, args.http_port, args.allow_http)
-    if args.allow_grpc:
-        log.warning("gRPC is not served by this version yet; --grpc-port %d is not opened", args.grpc_port)
+    endpoints = Endpoints(args.http_address, args.http_port, args.allow_http, args.grpc_address, args.grpc_port,
+                          args.allow_grpc, tls)
     if args.allow_metrics:
         log.warning("metrics are not served by this version yet; --metrics-port %d is not opened",
                     args.metrics_port)

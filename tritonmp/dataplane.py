@@ -12,6 +12,9 @@ from .validation import check_request
 
 log = logging.getLogger("tritonmp.dataplane")
 
+# The Triton extensions this server really implements, as server metadata lists them.
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters"]
+
 
 class Dataplane:
     def __init__(self, models: ModelManager, strict_readiness: bool = True):

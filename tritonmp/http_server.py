@@ -12,12 +12,11 @@ import re
 import orjson
 
 from . import __version__, http_codec
-from .dataplane import Dataplane
+from .dataplane import EXTENSIONS, Dataplane
 from .errors import ServerError
 
 log = logging.getLogger("tritonmp.http")
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters"]
 _JSON = [(b"content-type", b"application/json")]
 _TEXT = [(b"content-type", b"text/plain")]
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import uvicorn
 
 from . import arena
-from .dataplane import Dataplane
+from . import grpc_server as grpc_frontend
+from .dataplane import EXTENSIONS, Dataplane
 from .http_server import HttpApp
 from .model_manager import ModelManager, ServerOptions
 
@@ -26,6 +27,10 @@ class Endpoints:
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     allow_http: bool = True
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = 8001
+    allow_grpc: bool = True
+    grpc_tls: dict | None = None  # server_cert, server_key, root_cert, mutual
 
 
 class _Uvicorn(uvicorn.Server):
@@ -86,6 +91,7 @@ class Server:
         dataplane = Dataplane(models, self.strict_readiness)
         http = None
         http_task = None
+        grpc_server = None
         code = 0
         try:
             if self.endpoints.allow_http:
@@ -99,6 +105,11 @@ class Server:
                 http = self.http = _Uvicorn(config)
                 http_task = loop.create_task(http.serve(sockets=[sock]))
                 log.info("Started HTTPService at %s:%d", self.endpoints.http_address, self.endpoints.http_port)
+            if self.endpoints.allow_grpc:
+                grpc_server = await grpc_frontend.start(dataplane, EXTENSIONS, self.endpoints.grpc_address,
+                                                        self.endpoints.grpc_port, self.endpoints.grpc_tls)
+                log.info("Started GRPCInferenceService at %s:%d", self.endpoints.grpc_address,
+                         self.endpoints.grpc_port)
             load = loop.create_task(models.load_all())
             stop = loop.create_task(self.stop_requested.wait())
             await asyncio.wait({load, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -117,10 +128,13 @@ class Server:
         finally:
             dataplane.accepting = False
             deadline = time.monotonic() + self.exit_timeout
+            drains = []
+            if grpc_server is not None:
+                drains.append(grpc_server.stop(max(0.0, deadline - time.monotonic())))
             if http is not None:
                 http.should_exit = True
-                with contextlib.suppress(Exception):
-                    await http_task
+                drains.append(http_task)
+            await asyncio.gather(*drains, return_exceptions=True)
             await models.stop(deadline)
             log.info("server stopped")
         return code

@@ -1,0 +1,137 @@
+"""The gRPC frontend through tritonclient.grpc (sync, streaming and asyncio clients)."""
+
+import asyncio
+import queue
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.utils import InferenceServerException
+
+
+def _add_inputs(a, b, module=grpcclient):
+    inputs = [module.InferInput("A", list(a.shape), "FP32"), module.InferInput("B", list(b.shape), "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+def test_health_and_metadata(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("add") and not client.is_model_ready("add", "9")
+    meta = client.get_server_metadata()
+    assert meta.name == "triton"
+    assert set(meta.extensions) == {"binary_tensor_data", "model_configuration", "parameters"}
+    model = client.get_model_metadata("add_py", as_json=True)
+    assert model == {"name": "add_py", "versions": ["1"], "platform": "python",
+                     "inputs": [{"name": "A", "datatype": "FP32", "shape": ["-1", "3"]},
+                                {"name": "B", "datatype": "FP32", "shape": ["-1", "3"]}],
+                     "outputs": [{"name": "C", "datatype": "FP32", "shape": ["-1", "3"]}]}
+    config = client.get_model_config("add").config
+    assert config.max_batch_size == 8 and config.platform == "onnxruntime_onnx"
+
+
+def test_infer_with_raw_contents(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    result = client.infer("add", _add_inputs(a, a), request_id="g-1",
+                          outputs=[grpcclient.InferRequestedOutput("C")])
+    np.testing.assert_array_equal(result.as_numpy("C"), a + a)
+    assert result.get_response().id == "g-1"
+
+
+def test_infer_with_typed_contents(server):
+    from tritonclient.grpc import service_pb2 as pb
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    request = pb.ModelInferRequest(model_name="add")
+    for name, values in (("A", [1.0, 2.0, 3.0]), ("B", [4.0, 5.0, 6.0])):
+        t = request.inputs.add(name=name, datatype="FP32", shape=[1, 3])
+        t.contents.fp32_contents.extend(values)
+    response = client._client_stub.ModelInfer(request)
+    assert np.frombuffer(response.raw_output_contents[0], np.float32).tolist() == [5.0, 7.0, 9.0]
+
+
+def test_every_datatype_round_trips(server):
+    from test_datatypes import TYPES
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inputs = []
+    for dt, value in TYPES.items():
+        t = grpcclient.InferInput(f"IN_{dt}", list(value.shape), dt)
+        t.set_data_from_numpy(value)
+        inputs.append(t)
+    result = client.infer("identity", inputs)
+    for dt, value in TYPES.items():
+        np.testing.assert_array_equal(result.as_numpy(f"OUT_{dt}"), value, err_msg=dt)
+
+
+@pytest.mark.parametrize("model,version,code,message", [
+    ("nope", "", "StatusCode.NOT_FOUND", "Request for unknown model: 'nope' is not found"),
+    ("add", "5", "StatusCode.NOT_FOUND", "Request for unknown model: 'add' version 5 is not found"),
+])
+def test_unknown_model_and_version(server, model, version, code, message):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    a = np.ones((1, 3), np.float32)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer(model, _add_inputs(a, a), model_version=version)
+    assert e.value.status() == code and message in e.value.message()
+
+
+def test_bad_input_is_invalid_argument(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    a = np.ones((1, 4), np.float32)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add", _add_inputs(a, a))
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "unexpected shape for input 'A' for model 'add'. Expected [-1,3], got [1,4]" in e.value.message()
+
+
+def test_stream_many_requests_in_flight_and_errors_in_stream(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        sent = {}
+        for i in range(64):
+            a = np.full((1, 3), i, np.float32)
+            sent[str(i)] = a + a
+            client.async_stream_infer("add", _add_inputs(a, a), request_id=str(i))
+        bad = np.ones((1, 4), np.float32)
+        client.async_stream_infer("add", _add_inputs(bad, bad), request_id="bad")
+        got, errors = {}, []
+        for _ in range(65):
+            result, error = results.get(timeout=30)
+            if error is not None:
+                errors.append(error)
+            else:
+                got[result.get_response().id] = result.as_numpy("C")
+    finally:
+        client.stop_stream()
+    assert set(got) == set(sent)
+    for key, want in sent.items():
+        np.testing.assert_array_equal(got[key], want)
+    assert len(errors) == 1 and "unexpected shape for input 'A'" in str(errors[0])
+
+
+def test_asyncio_client(server):
+    async def main():
+        async with grpcaio.InferenceServerClient(server.grpc_url) as client:
+            assert await client.is_server_ready()
+            a = np.ones((2, 3), np.float32)
+            results = await asyncio.gather(*(client.infer("add_py", _add_inputs(a * i, a, grpcaio))
+                                             for i in range(16)))
+            for i, r in enumerate(results):
+                np.testing.assert_array_equal(r.as_numpy("C"), a * i + a)
+
+    asyncio.run(main())
+
+
+def test_unserved_rpcs_say_so(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException) as e:
+        client.get_inference_statistics("add")
+    assert e.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert "not supported by this server yet" in e.value.message()

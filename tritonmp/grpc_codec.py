@@ -1,0 +1,95 @@
+"""gRPC protobuf messages (tritonclient's generated modules) to core requests, and core
+responses back: raw_input_contents / raw_output_contents and the typed contents fields."""
+
+from __future__ import annotations
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from . import datatypes
+from .core import InferRequest, InferResponse, RequestedOutput, Tensor
+from .errors import invalid, unsupported
+
+# datatype -> the InferTensorContents field that carries it in typed form
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+    "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+    "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+_SHM_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+def parameter_value(p: pb.InferParameter):
+    which = p.WhichOneof("parameter_choice")
+    return getattr(p, which) if which else None
+
+
+def parameters_dict(params) -> dict:
+    return {k: parameter_value(v) for k, v in params.items()}
+
+
+def set_parameter(target: pb.InferParameter, value) -> None:
+    if isinstance(value, bool):
+        target.bool_param = value
+    elif isinstance(value, int):
+        target.int64_param = value
+    elif isinstance(value, float):
+        target.double_param = value
+    else:
+        target.string_param = str(value)
+
+
+def _typed_contents(t, datatype: str) -> bytes:
+    field = CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise invalid(f"input '{t.name}' of datatype {datatype} must be sent in raw_input_contents; "
+                      "it has no typed contents field")
+    values = getattr(t.contents, field)
+    if datatype == "BYTES":
+        return datatypes.serialize_bytes(np.array(list(values), dtype=np.object_))
+    return np.asarray(values, dtype=datatypes.NUMPY_OF[datatype]).tobytes()
+
+
+def decode_infer(msg: pb.ModelInferRequest) -> InferRequest:
+    raw = msg.raw_input_contents
+    if raw and len(raw) != len(msg.inputs):
+        raise invalid(f"expected {len(msg.inputs)} raw_input_contents, one per input, got {len(raw)}")
+    inputs = []
+    for i, t in enumerate(msg.inputs):
+        if t.datatype not in datatypes.ITEMSIZE:
+            raise invalid(f"invalid datatype for input {t.name}")
+        params = parameters_dict(t.parameters)
+        if any(p in params for p in _SHM_PARAMETERS):
+            raise unsupported(f"input '{t.name}' refers to a shared-memory region; client shared memory is "
+                              "not supported by this server yet")
+        if raw:
+            if t.HasField("contents"):
+                raise invalid(f"input '{t.name}' has both typed contents and raw_input_contents")
+            data = raw[i]
+        else:
+            data = _typed_contents(t, t.datatype)
+        inputs.append(Tensor(t.name, t.datatype, list(t.shape), data, params))
+    outputs = None
+    if msg.outputs:
+        outputs = []
+        for o in msg.outputs:
+            params = parameters_dict(o.parameters)
+            if "classification" in params:
+                raise unsupported("the classification extension is not supported by this server yet")
+            if any(p in params for p in _SHM_PARAMETERS):
+                raise unsupported(f"output '{o.name}' refers to a shared-memory region; client shared memory "
+                                  "is not supported by this server yet")
+            params.pop("binary_data", None)
+            outputs.append(RequestedOutput(o.name, params))
+    return InferRequest(msg.model_name, msg.model_version, msg.id, inputs, outputs,
+                        parameters_dict(msg.parameters))
+
+
+def encode_infer(response: InferResponse) -> pb.ModelInferResponse:
+    msg = pb.ModelInferResponse(model_name=response.model_name, model_version=response.model_version,
+                                id=response.id)
+    for t in response.outputs:
+        msg.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        msg.raw_output_contents.append(bytes(t.data))
+    return msg

@@ -1,0 +1,167 @@
+"""The gRPC frontend: Triton's `inference.GRPCInferenceService` (tritonclient's generated service)
+on grpc.aio in the frontend's event loop. Handlers decode into the core and encode its answers;
+errors map once from the core's status to a gRPC code."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from . import __version__, grpc_codec
+from .dataplane import Dataplane
+from .errors import ServerError, Status
+
+log = logging.getLogger("tritonmp.grpc")
+
+CODE_OF = {
+    Status.UNKNOWN: grpc.StatusCode.UNKNOWN,
+    Status.INTERNAL: grpc.StatusCode.INTERNAL,
+    Status.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Status.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
+    Status.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Status.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    Status.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    Status.CANCELLED: grpc.StatusCode.CANCELLED,
+}
+UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+
+
+def _errors_to_status(handler):
+    """Turn a ServerError raised by a unary handler into the matching gRPC status."""
+
+    async def wrapped(self, request, context):
+        try:
+            return await handler(self, request, context)
+        except ServerError as e:
+            await context.abort(CODE_OF[e.status], e.message)
+
+    wrapped.__name__ = handler.__name__
+    return wrapped
+
+
+def _not_yet(what: str):
+    async def handler(self, request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not supported by this server yet")
+
+    return handler
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, dataplane: Dataplane, extensions: list[str]):
+        self.dp = dataplane
+        self.extensions = extensions
+
+    @_errors_to_status
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=self.dp.live())
+
+    @_errors_to_status
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.dp.ready())
+
+    @_errors_to_status
+    async def ModelReady(self, request, context):
+        return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version))
+
+    @_errors_to_status
+    async def ServerMetadata(self, request, context):
+        return pb.ServerMetadataResponse(name="triton", version=__version__, extensions=self.extensions)
+
+    @_errors_to_status
+    async def ModelMetadata(self, request, context):
+        meta = self.dp.model_metadata(request.name, request.version)
+        response = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"],
+                                            platform=meta["platform"])
+        for kind in ("inputs", "outputs"):
+            for t in meta[kind]:
+                getattr(response, kind).add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+        return response
+
+    @_errors_to_status
+    async def ModelConfig(self, request, context):
+        mv = self.dp.models.find(request.name, request.version)
+        return pb.ModelConfigResponse(config=mv.config)
+
+    @_errors_to_status
+    async def ModelInfer(self, request, context):
+        core = grpc_codec.decode_infer(request)
+        return grpc_codec.encode_infer(await self.dp.infer(core))
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Requests are run as they arrive; responses (or in-stream errors) go back in completion
+        order, each carrying its request's id."""
+        out: asyncio.Queue = asyncio.Queue()
+        pending: set[asyncio.Task] = set()
+
+        async def one(msg):
+            try:
+                response = grpc_codec.encode_infer(await self.dp.infer(grpc_codec.decode_infer(msg)))
+                await out.put(pb.ModelStreamInferResponse(infer_response=response))
+            except ServerError as e:
+                await out.put(pb.ModelStreamInferResponse(
+                    error_message=e.message,
+                    infer_response=pb.ModelInferResponse(model_name=msg.model_name,
+                                                         model_version=msg.model_version, id=msg.id)))
+
+        async def read():
+            async for msg in request_iterator:
+                task = asyncio.get_running_loop().create_task(one(msg))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+            if pending:
+                await asyncio.gather(*list(pending))
+            await out.put(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while True:
+                item = await out.get()
+                if item is None:
+                    break
+                yield item
+        finally:
+            reader.cancel()
+            for task in list(pending):
+                task.cancel()
+
+    ModelStatistics = _not_yet("statistics")
+    RepositoryIndex = _not_yet("the model repository API")
+    RepositoryModelLoad = _not_yet("the model repository API")
+    RepositoryModelUnload = _not_yet("the model repository API")
+    SystemSharedMemoryStatus = _not_yet("client shared memory")
+    SystemSharedMemoryRegister = _not_yet("client shared memory")
+    SystemSharedMemoryUnregister = _not_yet("client shared memory")
+    CudaSharedMemoryStatus = _not_yet("client shared memory")
+    CudaSharedMemoryRegister = _not_yet("client shared memory")
+    CudaSharedMemoryUnregister = _not_yet("client shared memory")
+    TraceSetting = _not_yet("trace settings")
+    LogSettings = _not_yet("the logging API")
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+async def start(dataplane: Dataplane, extensions: list[str], address: str, port: int,
+                tls: dict | None = None) -> grpc.aio.Server:
+    """A started gRPC server; `tls` holds server_cert, server_key, root_cert, mutual."""
+    server = grpc.aio.server(options=UNLIMITED)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(dataplane, extensions), server)
+    target = f"{address}:{port}"
+    if tls:
+        root = _read(tls["root_cert"]) if tls.get("root_cert") else None
+        credentials = grpc.ssl_server_credentials(
+            [(_read(tls["server_key"]), _read(tls["server_cert"]))], root_certificates=root,
+            require_client_auth=bool(tls.get("mutual")))
+        bound = server.add_secure_port(target, credentials)
+    else:
+        bound = server.add_insecure_port(target)
+    if not bound:
+        raise OSError(f"the gRPC service could not bind {target}")
+    await server.start()
+    return server
