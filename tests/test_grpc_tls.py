@@ -1,0 +1,59 @@
+"""gRPC over TLS and mutual TLS, with certificates the test makes with openssl."""
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make certificates")
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("certs")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+             "-subj", "/CN=tritonmp test CA", cwd=d)
+    (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                 "-subj", f"/CN={name}", cwd=d)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-out", f"{name}.crt", "-days", "2", "-extfile", "san.ext", cwd=d)
+    return d
+
+
+def _infer(url, **ssl):
+    client = grpcclient.InferenceServerClient(url, ssl=True, **ssl)
+    a = np.ones((1, 3), np.float32)
+    inputs = [grpcclient.InferInput("A", [1, 3], "FP32"), grpcclient.InferInput("B", [1, 3], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    return client.infer("add", inputs).as_numpy("C")
+
+
+def test_tls(start_server, example_repo, certs):
+    server = start_server([example_repo], "--grpc-use-ssl=true", "--grpc-server-cert", str(certs / "server.crt"),
+                          "--grpc-server-key", str(certs / "server.key"))
+    url = f"localhost:{server.grpc_port}"
+    np.testing.assert_array_equal(_infer(url, root_certificates=str(certs / "ca.crt")), np.full((1, 3), 2.0))
+    with pytest.raises(InferenceServerException):
+        grpcclient.InferenceServerClient(url).is_server_live()  # plaintext to a TLS port fails
+
+
+def test_mutual_tls_requires_a_client_certificate(start_server, example_repo, certs):
+    server = start_server([example_repo], "--grpc-use-ssl-mutual=true", "--grpc-server-cert",
+                          str(certs / "server.crt"), "--grpc-server-key", str(certs / "server.key"),
+                          "--grpc-root-cert", str(certs / "ca.crt"))
+    url = f"localhost:{server.grpc_port}"
+    got = _infer(url, root_certificates=str(certs / "ca.crt"), private_key=str(certs / "client.key"),
+                 certificate_chain=str(certs / "client.crt"))
+    np.testing.assert_array_equal(got, np.full((1, 3), 2.0))
+    with pytest.raises(InferenceServerException):
+        _infer(url, root_certificates=str(certs / "ca.crt"))
