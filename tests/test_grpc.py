@@ -23,7 +23,7 @@ def test_health_and_metadata(server):
     assert client.is_model_ready("add") and not client.is_model_ready("add", "9")
     meta = client.get_server_metadata()
     assert meta.name == "triton"
-    assert set(meta.extensions) == {"binary_tensor_data", "model_configuration", "parameters"}
+    assert set(meta.extensions) == {"binary_tensor_data", "model_configuration", "parameters", "statistics"}
     model = client.get_model_metadata("add_py", as_json=True)
     assert model == {"name": "add_py", "versions": ["1"], "platform": "python",
                      "inputs": [{"name": "A", "datatype": "FP32", "shape": ["-1", "3"]},
@@ -132,6 +132,6 @@ def test_asyncio_client(server):
 def test_unserved_rpcs_say_so(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     with pytest.raises(InferenceServerException) as e:
-        client.get_inference_statistics("add")
+        client.get_model_repository_index()
     assert e.value.status() == "StatusCode.UNIMPLEMENTED"
     assert "not supported by this server yet" in e.value.message()

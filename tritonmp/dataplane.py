@@ -7,13 +7,14 @@ import logging
 
 from . import config as cfg
 from .core import InferRequest, InferResponse
+from .errors import invalid
 from .model_manager import ModelManager
 from .validation import check_request
 
 log = logging.getLogger("tritonmp.dataplane")
 
 # The Triton extensions this server really implements, as server metadata lists them.
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters", "statistics"]
 
 
 class Dataplane:
@@ -52,6 +53,23 @@ class Dataplane:
 
     def model_config(self, name: str, version: str) -> dict:
         return self.models.find(name, version).config_json
+
+    def statistics(self, name: str, version: str) -> dict:
+        """Triton's statistics reply: every loaded model version, or one model's (one version's)."""
+        if not name:
+            versions = [mv for e in self.models.models.values() for _, mv in sorted(e.versions.items())]
+        else:
+            entry = self.models.models.get(name)
+            if entry is None or not entry.versions:
+                raise invalid(f"requested model '{name}' is not available")
+            if version:
+                mv = entry.versions.get(int(version)) if version.isdigit() else None
+                if mv is None:
+                    raise invalid(f"requested model version is not available for model '{name}'")
+                versions = [mv]
+            else:
+                versions = [mv for _, mv in sorted(entry.versions.items())]
+        return {"model_stats": [mv.pool.stats.to_json() for mv in versions]}
 
     async def infer(self, request: InferRequest) -> InferResponse:
         mv = self.models.get(request.model_name, request.model_version)

@@ -8,6 +8,7 @@ import asyncio
 import logging
 
 import grpc
+from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
@@ -91,6 +92,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         core = grpc_codec.decode_infer(request)
         return grpc_codec.encode_infer(await self.dp.infer(core))
 
+    @_errors_to_status
+    async def ModelStatistics(self, request, context):
+        return json_format.ParseDict(self.dp.statistics(request.name, request.version), pb.ModelStatisticsResponse(),
+                                     ignore_unknown_fields=True)
+
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests are run as they arrive; responses (or in-stream errors) go back in completion
         order, each carrying its request's id."""
@@ -128,7 +134,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             for task in list(pending):
                 task.cancel()
 
-    ModelStatistics = _not_yet("statistics")
     RepositoryIndex = _not_yet("the model repository API")
     RepositoryModelLoad = _not_yet("the model repository API")
     RepositoryModelUnload = _not_yet("the model repository API")

@@ -23,16 +23,17 @@ _TEXT = [(b"content-type", b"text/plain")]
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
 INFER = re.compile(_MODEL + r"/infer")
 ROUTES = [
+    (re.compile(r"/v2/models/stats"), "GET", "all_stats"),  # before a model named "stats"
     (re.compile(r"/v2/health/live"), "GET", "live"),
     (re.compile(r"/v2/health/ready"), "GET", "ready"),
     (re.compile(r"/v2"), "GET", "server_metadata"),
     (re.compile(_MODEL), "GET", "model_metadata"),
     (re.compile(_MODEL + r"/ready"), "GET", "model_ready"),
     (re.compile(_MODEL + r"/config"), "GET", "model_config"),
+    (re.compile(_MODEL + r"/stats"), "GET", "model_stats"),
 ]
 # Triton routes this server does not serve yet: answered 501 with the reason, never faked.
 NOT_YET = [
-    (re.compile(_MODEL + r"/stats|/v2/models/stats"), "statistics"),
     (re.compile(r"/v2/repository(/.*)?"), "the model repository API"),
     (re.compile(r"/v2/systemsharedmemory(/.*)?|/v2/cudasharedmemory(/.*)?"), "client shared memory"),
     (re.compile(r"/v2/logging"), "the logging API"),
@@ -121,6 +122,12 @@ class HttpApp:
 
     async def model_config(self, send, model: str, version: str | None) -> None:
         await _send(send, 200, orjson.dumps(self.dp.model_config(model, version or "")))
+
+    async def model_stats(self, send, model: str, version: str | None) -> None:
+        await _send(send, 200, orjson.dumps(self.dp.statistics(model, version or "")))
+
+    async def all_stats(self, send) -> None:
+        await _send(send, 200, orjson.dumps(self.dp.statistics("", "")))
 
     # -- inference -------------------------------------------------------------------------
     async def infer(self, scope, receive, send, model: str, version: str) -> None:

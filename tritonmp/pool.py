@@ -25,6 +25,7 @@ from .arena import Arena, segment_name
 from .channel import Channel
 from .core import InferRequest
 from .errors import ServerError, Status
+from .stats import ModelStats
 
 log = logging.getLogger("tritonmp.pool")
 
@@ -68,6 +69,8 @@ class Instance:
         self.ready: asyncio.Future | None = None
         self.batch: list[InferRequest] | None = None
         self.batch_id = 0
+        self.sent_ns = 0
+        self.encode_ns = 0
         self.alive = False
         self.started_at = 0.0
         self.restarts = 0
@@ -152,7 +155,9 @@ class Instance:
             err = ServerError(
                 f"model '{self.pool.model_name}' instance '{self.spec.name}' (pid {proc.pid}) {reason} "
                 f"while running this request; {then}", Status.INTERNAL)
+            now = time.monotonic_ns()
             for request in batch:
+                self.pool.stats.finished(False, request.batch_size, now - request.arrival_ns)
                 if not request.future.done():
                     request.future.set_exception(err)
         self.pool.forget_idle(self)
@@ -227,7 +232,13 @@ class Instance:
         """Send a batch; the instance has no other batch in flight."""
         self.batch_id += 1
         self.batch = batch
+        now = time.monotonic_ns()
+        stats = self.pool.stats
+        for request in batch:
+            stats.queued(now - request.arrival_ns)
         header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arena)
+        self.sent_ns = now
+        self.encode_ns = time.monotonic_ns() - now
         self.channel.send(transport.EXECUTE, header, frames)
 
     def _on_result(self, result: transport.Result, frames) -> None:
@@ -235,12 +246,19 @@ class Instance:
         if batch is None or result.batch_id != self.batch_id:
             return
         pool = self.pool
+        started = time.monotonic_ns()
         responses = batching.decode(result, batch, pool.merge, frames, self.out_arena, pool.output_types,
                                     pool.model_name, str(pool.version))
+        now = time.monotonic_ns()
+        if not result.error:
+            pool.stats.executed(sum(r.batch_size for r in batch), len(batch), self.encode_ns + result.input_ns,
+                                result.infer_ns, result.output_ns + now - started)
         for request, response in zip(batch, responses):
+            failed = isinstance(response, ServerError)
+            pool.stats.finished(not failed, request.batch_size, now - request.arrival_ns)
             if request.future.done():
                 continue
-            if isinstance(response, ServerError):
+            if failed:
                 request.future.set_exception(response)
             else:
                 request.future.set_result(response)
@@ -267,6 +285,7 @@ class InstancePool:
         self.on_idle = lambda: None  # the scheduler's pump: an instance can take work
         self.on_down: Callable[[ServerError], None] = lambda error: None  # no instance can
         self.restart_count = 0
+        self.stats = ModelStats(model_name, version)
 
     async def start(self) -> None:
         results = await asyncio.gather(*(i.start() for i in self.instances), return_exceptions=True)

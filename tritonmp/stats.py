@@ -1,0 +1,62 @@
+"""Per model version statistics in Triton's terms: request counts and durations, executions, and
+the same per batch size; rendered in Triton's JSON shape (the gRPC reply is parsed from it)."""
+
+from __future__ import annotations
+
+import time
+
+
+class ModelStats:
+    """Counters of one model version. Durations are nanoseconds, as Triton reports them."""
+
+    KINDS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+
+    def __init__(self, name: str, version: int):
+        self.name = name
+        self.version = version
+        self.last_inference_ms = 0
+        self.inference_count = 0  # rows (batch size) of successful requests
+        self.execution_count = 0
+        self.counts = dict.fromkeys(self.KINDS, 0)
+        self.ns = dict.fromkeys(self.KINDS, 0)
+        self.batches: dict[int, list[int]] = {}  # batch size -> [count, input ns, infer ns, output ns]
+
+    def _add(self, kind: str, ns: int, count: int = 1) -> None:
+        self.counts[kind] += count
+        self.ns[kind] += ns * count
+
+    def queued(self, wait_ns: int) -> None:
+        self._add("queue", wait_ns)
+
+    def executed(self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One execution of `requests` requests totalling `batch_size` rows."""
+        self.execution_count += 1
+        self.last_inference_ms = int(time.time() * 1000)
+        self._add("compute_input", input_ns, requests)
+        self._add("compute_infer", infer_ns, requests)
+        self._add("compute_output", output_ns, requests)
+        entry = self.batches.setdefault(batch_size, [0, 0, 0, 0])
+        entry[0] += 1
+        entry[1] += input_ns
+        entry[2] += infer_ns
+        entry[3] += output_ns
+
+    def finished(self, ok: bool, batch_size: int, duration_ns: int) -> None:
+        if ok:
+            self._add("success", duration_ns)
+            self.inference_count += batch_size
+        else:
+            self._add("fail", duration_ns)
+
+    def to_json(self) -> dict:
+        def d(count, ns):
+            return {"count": count, "ns": ns}
+
+        inference = {k: d(self.counts[k], self.ns[k]) for k in self.KINDS}
+        inference["cache_hit"] = d(0, 0)
+        inference["cache_miss"] = d(0, 0)
+        batches = [{"batch_size": size, "compute_input": d(e[0], e[1]), "compute_infer": d(e[0], e[2]),
+                    "compute_output": d(e[0], e[3])} for size, e in sorted(self.batches.items())]
+        return {"name": self.name, "version": str(self.version), "last_inference": self.last_inference_ms,
+                "inference_count": self.inference_count, "execution_count": self.execution_count,
+                "inference_stats": inference, "response_stats": {}, "batch_stats": batches, "memory_usage": []}
