@@ -145,7 +145,8 @@ def test_model_metadata_and_config_match_triton(server):
 def test_server_metadata_lists_only_what_is_served(server):
     meta = orjson.loads(server.get("/v2")[2])
     assert meta["name"] == "triton"
-    assert set(meta["extensions"]) == {"binary_tensor_data", "model_configuration", "parameters", "statistics"}
+    assert set(meta["extensions"]) == {"binary_tensor_data", "model_configuration", "parameters", "statistics",
+                                     "system_shared_memory"}
 
 
 def test_version_policy_serves_the_chosen_versions(start_server, tmp_path):

@@ -23,7 +23,8 @@ def test_health_and_metadata(server):
     assert client.is_model_ready("add") and not client.is_model_ready("add", "9")
     meta = client.get_server_metadata()
     assert meta.name == "triton"
-    assert set(meta.extensions) == {"binary_tensor_data", "model_configuration", "parameters", "statistics"}
+    assert set(meta.extensions) == {"binary_tensor_data", "model_configuration", "parameters", "statistics",
+                                     "system_shared_memory"}
     model = client.get_model_metadata("add_py", as_json=True)
     assert model == {"name": "add_py", "versions": ["1"], "platform": "python",
                      "inputs": [{"name": "A", "datatype": "FP32", "shape": ["-1", "3"]},

@@ -15,6 +15,7 @@ from . import datatypes, transport
 from .arena import Arena
 from .core import InferRequest, InferResponse, Tensor
 from .errors import ServerError, Status
+from .shm_registry import ShmRef
 
 _len = struct.Struct("<I").unpack_from
 
@@ -42,6 +43,17 @@ def _requested(request: InferRequest) -> list[str]:
     return [] if request.outputs is None else [o.name for o in request.outputs]
 
 
+def _shm_ref(name: str, datatype: str, shape: list[int], ref: ShmRef) -> transport.TensorRef:
+    return transport.TensorRef(name, datatype, shape, offset=ref.offset, nbytes=ref.nbytes, shm_key=ref.key,
+                               shm_id=ref.region_id)
+
+
+def _shm_outputs(request: InferRequest) -> list[transport.TensorRef]:
+    if request.outputs is None:
+        return []
+    return [_shm_ref(o.name, "", [], o.shm) for o in request.outputs if o.shm is not None]
+
+
 def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena) -> tuple[bytes, list]:
     """The Execute header and tensor frames for `batch`; large inputs are written into `arena`."""
     arena.reset()
@@ -52,6 +64,9 @@ def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena) 
         total = sum(sizes)
         refs = []
         for i, t in enumerate(first.inputs):
+            if isinstance(t.data, ShmRef):  # requests with client shm are never merged
+                refs.append(_shm_ref(t.name, t.datatype, list(t.shape), t.data))
+                continue
             datas = [r.inputs[i].data for r in batch]
             shape = [total, *t.shape[1:]] if len(batch) > 1 else list(t.shape)
             ref = transport.TensorRef(t.name, t.datatype, shape)
@@ -61,20 +76,26 @@ def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena) 
             outputs = []
         else:
             outputs = sorted({o.name for r in batch for o in r.outputs})
-        headers = [transport.RequestHeader(first.id, refs, outputs, first.parameters, sizes)]
+        headers = [transport.RequestHeader(first.id, refs, outputs, first.parameters, sizes, _shm_outputs(first))]
     else:
         headers = []
         for r in batch:
             refs = []
             for t in r.inputs:
+                if isinstance(t.data, ShmRef):
+                    refs.append(_shm_ref(t.name, t.datatype, list(t.shape), t.data))
+                    continue
                 ref = transport.TensorRef(t.name, t.datatype, list(t.shape))
                 _place([t.data], _nbytes(t.data), arena, frames, ref)
                 refs.append(ref)
-            headers.append(transport.RequestHeader(r.id, refs, _requested(r), r.parameters))
+            headers.append(transport.RequestHeader(r.id, refs, _requested(r), r.parameters,
+                                                   shm_outputs=_shm_outputs(r)))
     return transport.encode(transport.Execute(batch_id, headers)), frames
 
 
 def _buffer(ref: transport.TensorRef, frames, arena: Arena):
+    if ref.shm_key:
+        return None  # the worker wrote it into the client's region
     if ref.frame >= 0:
         return frames[ref.frame]
     # copy out of the arena: the worker reuses it for its next batch
@@ -146,7 +167,7 @@ def _decode_merged(result, batch, frames, arena, output_types, model, version):
         for ref in header.outputs:
             _check_output(ref, output_types, model)
             buf = _buffer(ref, frames, arena)
-            if len(batch) == 1:
+            if len(batch) == 1 or buf is None:
                 per_request[0].append(Tensor(ref.name, ref.datatype, ref.shape, buf))
                 continue
             if not ref.shape or ref.shape[0] != total:

@@ -41,6 +41,8 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-http", type=_bool, default=True)
     p.add_argument("--allow-grpc", type=_bool, default=True)
     p.add_argument("--allow-metrics", type=_bool, default=True)
+    p.add_argument("--allow-client-shm", type=_bool, default=False,
+                   help="let clients register system shared-memory regions (off by default, as in Triton)")
     p.add_argument("--grpc-use-ssl", type=_bool, default=False)
     p.add_argument("--grpc-use-ssl-mutual", type=_bool, default=False)
     p.add_argument("--grpc-server-cert", default="")
@@ -103,7 +105,8 @@ def serve(argv: list[str]) -> int:
                     args.metrics_port)
 
     async def main() -> int:
-        server = Server(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs)
+        server = Server(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs,
+                        args.allow_client_shm)
         return await server.run()
 
     try:

@@ -13,7 +13,7 @@ class Tensor:
     name: str
     datatype: str
     shape: list[int]
-    data: object = b""  # bytes, bytearray or memoryview
+    data: object = b""  # bytes, bytearray, memoryview; a ShmRef in a client region; None once written there
     parameters: dict = field(default_factory=dict)
 
 
@@ -21,6 +21,7 @@ class Tensor:
 class RequestedOutput:
     name: str
     parameters: dict = field(default_factory=dict)
+    shm: object = None  # a ShmRef when the client wants the output written into its region
 
 
 @dataclass(slots=True)

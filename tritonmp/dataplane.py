@@ -9,17 +9,19 @@ from . import config as cfg
 from .core import InferRequest, InferResponse
 from .errors import invalid
 from .model_manager import ModelManager
+from .shm_registry import SharedMemoryRegistry
 from .validation import check_request
 
 log = logging.getLogger("tritonmp.dataplane")
 
 # The Triton extensions this server really implements, as server metadata lists them.
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters", "statistics"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters", "statistics", "system_shared_memory"]
 
 
 class Dataplane:
-    def __init__(self, models: ModelManager, strict_readiness: bool = True):
+    def __init__(self, models: ModelManager, strict_readiness: bool = True, allow_client_shm: bool = False):
         self.models = models
+        self.shm = SharedMemoryRegistry(allow_client_shm)
         self.strict_readiness = strict_readiness
         self.accepting = True  # false once shutdown starts
         self.loaded = False  # true once the startup load has finished
@@ -73,5 +75,17 @@ class Dataplane:
 
     async def infer(self, request: InferRequest) -> InferResponse:
         mv = self.models.get(request.model_name, request.model_version)
+        uses_shm = False
+        for t in request.inputs:
+            ref = self.shm.resolve_parameters(t.parameters) if t.parameters else None
+            if ref is not None:
+                t.data, uses_shm = ref, True
+        for o in request.outputs or ():
+            if o.parameters:
+                o.shm = self.shm.resolve_parameters(o.parameters)
+                uses_shm = uses_shm or o.shm is not None
         check_request(request, mv.name, mv.max_batch_size, mv.inputs, mv.outputs)
+        if uses_shm and mv.pool.merge:
+            # the frontend never touches client shm bytes, so it cannot merge them: batch alone
+            request.shape_key += (("client shm", id(request)),)
         return await mv.scheduler.submit(request)

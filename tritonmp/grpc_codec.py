@@ -17,7 +17,6 @@ CONTENTS_FIELD = {
     "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
     "FP64": "fp64_contents", "BYTES": "bytes_contents",
 }
-_SHM_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
 def parameter_value(p: pb.InferParameter):
@@ -53,20 +52,23 @@ def _typed_contents(t, datatype: str) -> bytes:
 
 def decode_infer(msg: pb.ModelInferRequest) -> InferRequest:
     raw = msg.raw_input_contents
-    if raw and len(raw) != len(msg.inputs):
-        raise invalid(f"expected {len(msg.inputs)} raw_input_contents, one per input, got {len(raw)}")
+    in_shm = ["shared_memory_region" in t.parameters for t in msg.inputs]
+    if raw and len(raw) != in_shm.count(False):
+        raise invalid(f"expected {in_shm.count(False)} raw_input_contents, one per input not in shared memory, "
+                      f"got {len(raw)}")
     inputs = []
-    for i, t in enumerate(msg.inputs):
+    next_raw = 0
+    for t, shm in zip(msg.inputs, in_shm):
         if t.datatype not in datatypes.ITEMSIZE:
             raise invalid(f"invalid datatype for input {t.name}")
         params = parameters_dict(t.parameters)
-        if any(p in params for p in _SHM_PARAMETERS):
-            raise unsupported(f"input '{t.name}' refers to a shared-memory region; client shared memory is "
-                              "not supported by this server yet")
-        if raw:
+        if shm:
+            data = None  # the dataplane resolves the region
+        elif raw:
             if t.HasField("contents"):
                 raise invalid(f"input '{t.name}' has both typed contents and raw_input_contents")
-            data = raw[i]
+            data = raw[next_raw]
+            next_raw += 1
         else:
             data = _typed_contents(t, t.datatype)
         inputs.append(Tensor(t.name, t.datatype, list(t.shape), data, params))
@@ -77,9 +79,6 @@ def decode_infer(msg: pb.ModelInferRequest) -> InferRequest:
             params = parameters_dict(o.parameters)
             if "classification" in params:
                 raise unsupported("the classification extension is not supported by this server yet")
-            if any(p in params for p in _SHM_PARAMETERS):
-                raise unsupported(f"output '{o.name}' refers to a shared-memory region; client shared memory "
-                                  "is not supported by this server yet")
             params.pop("binary_data", None)
             outputs.append(RequestedOutput(o.name, params))
     return InferRequest(msg.model_name, msg.model_version, msg.id, inputs, outputs,
@@ -91,5 +90,5 @@ def encode_infer(response: InferResponse) -> pb.ModelInferResponse:
                                 id=response.id)
     for t in response.outputs:
         msg.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
-        msg.raw_output_contents.append(bytes(t.data))
+        msg.raw_output_contents.append(b"" if t.data is None else bytes(t.data))
     return msg

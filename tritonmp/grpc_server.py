@@ -39,6 +39,11 @@ def _errors_to_status(handler):
             return await handler(self, request, context)
         except ServerError as e:
             await context.abort(CODE_OF[e.status], e.message)
+        except Exception as e:  # a bug of ours: answer, log, and keep serving
+            if isinstance(e, grpc.aio.AbortError):
+                raise
+            log.exception("%s failed", handler.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
 
     wrapped.__name__ = handler.__name__
     return wrapped
@@ -97,6 +102,24 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return json_format.ParseDict(self.dp.statistics(request.name, request.version), pb.ModelStatisticsResponse(),
                                      ignore_unknown_fields=True)
 
+    @_errors_to_status
+    async def SystemSharedMemoryStatus(self, request, context):
+        response = pb.SystemSharedMemoryStatusResponse()
+        for r in self.dp.shm.status(request.name):
+            response.regions[r.name].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size))
+        return response
+
+    @_errors_to_status
+    async def SystemSharedMemoryRegister(self, request, context):
+        self.dp.shm.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_errors_to_status
+    async def SystemSharedMemoryUnregister(self, request, context):
+        self.dp.shm.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests are run as they arrive; responses (or in-stream errors) go back in completion
         order, each carrying its request's id."""
@@ -107,7 +130,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 response = grpc_codec.encode_infer(await self.dp.infer(grpc_codec.decode_infer(msg)))
                 await out.put(pb.ModelStreamInferResponse(infer_response=response))
-            except ServerError as e:
+            except Exception as e:
+                if not isinstance(e, ServerError):
+                    log.exception("stream inference failed")
+                    e = ServerError(f"internal error: {type(e).__name__}: {e}", Status.INTERNAL)
                 await out.put(pb.ModelStreamInferResponse(
                     error_message=e.message,
                     infer_response=pb.ModelInferResponse(model_name=msg.model_name,
@@ -137,12 +163,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     RepositoryIndex = _not_yet("the model repository API")
     RepositoryModelLoad = _not_yet("the model repository API")
     RepositoryModelUnload = _not_yet("the model repository API")
-    SystemSharedMemoryStatus = _not_yet("client shared memory")
-    SystemSharedMemoryRegister = _not_yet("client shared memory")
-    SystemSharedMemoryUnregister = _not_yet("client shared memory")
-    CudaSharedMemoryStatus = _not_yet("client shared memory")
-    CudaSharedMemoryRegister = _not_yet("client shared memory")
-    CudaSharedMemoryUnregister = _not_yet("client shared memory")
+    CudaSharedMemoryStatus = _not_yet("CUDA shared memory")
+    CudaSharedMemoryRegister = _not_yet("CUDA shared memory")
+    CudaSharedMemoryUnregister = _not_yet("CUDA shared memory")
     TraceSetting = _not_yet("trace settings")
     LogSettings = _not_yet("the logging API")
 

@@ -12,8 +12,6 @@ from . import datatypes
 from .core import InferRequest, InferResponse, RequestedOutput, Tensor
 from .errors import invalid, unsupported
 
-_SHM_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
-
 
 def decompress(body: bytes, encoding: str) -> bytes:
     encoding = encoding.strip().lower()
@@ -99,10 +97,9 @@ def decode_infer(body: bytes, header_length: int | None, model: str, version: st
         params = item.get("parameters") or {}
         if not isinstance(params, dict):
             raise invalid(f"Unable to parse 'parameters' of input '{name}'")
-        if any(p in params for p in _SHM_PARAMETERS):
-            raise unsupported(f"input '{name}' refers to a shared-memory region; client shared memory is "
-                              "not supported by this server yet")
-        if "binary_data_size" in params:
+        if "shared_memory_region" in params:
+            data = None  # the dataplane resolves the region
+        elif "binary_data_size" in params:
             size = params["binary_data_size"]
             if not isinstance(size, int) or size < 0 or pos + size > len(binary):
                 raise invalid(f"unexpected binary_data_size {size} for input '{name}': the request holds "
@@ -113,7 +110,7 @@ def decode_infer(body: bytes, header_length: int | None, model: str, version: st
             data = _json_data(name, datatype, shape, item["data"])
         else:
             raise invalid(f"input '{name}' has neither 'data' nor a 'binary_data_size' parameter")
-        inputs.append(Tensor(name, datatype, shape, data))
+        inputs.append(Tensor(name, datatype, shape, data, params))
     if pos != len(binary):
         raise invalid(f"the request holds {len(binary)} bytes of binary data, but its inputs use {pos}")
     outputs = None
@@ -130,9 +127,6 @@ def decode_infer(body: bytes, header_length: int | None, model: str, version: st
                 raise invalid(f"Unable to parse 'parameters' of output '{item['name']}'")
             if "classification" in params:
                 raise unsupported("the classification extension is not supported by this server yet")
-            if any(p in params for p in _SHM_PARAMETERS):
-                raise unsupported(f"output '{item['name']}' refers to a shared-memory region; client shared "
-                                  "memory is not supported by this server yet")
             outputs.append(RequestedOutput(item["name"], params))
     parameters = doc.get("parameters") or {}
     if not isinstance(parameters, dict):
@@ -161,7 +155,9 @@ def encode_infer(response: InferResponse, request: InferRequest,
     for t in response.outputs:
         params = wanted.get(t.name, {}) if wanted is not None else {}
         entry = {"name": t.name, "datatype": t.datatype, "shape": t.shape}
-        if params.get("binary_data", default_binary):
+        if t.data is None:
+            pass  # written into the client's shared-memory region
+        elif params.get("binary_data", default_binary):
             size = t.data.nbytes if isinstance(t.data, memoryview) else len(t.data)
             entry["parameters"] = {"binary_data_size": size}
             blobs.append(t.data)

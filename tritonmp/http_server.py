@@ -31,11 +31,14 @@ ROUTES = [
     (re.compile(_MODEL + r"/ready"), "GET", "model_ready"),
     (re.compile(_MODEL + r"/config"), "GET", "model_config"),
     (re.compile(_MODEL + r"/stats"), "GET", "model_stats"),
+    (re.compile(r"/v2/systemsharedmemory(?:/region/(?P<region>[^/]+))?/status"), "GET", "shm_status"),
+    (re.compile(r"/v2/systemsharedmemory/region/(?P<region>[^/]+)/register"), "POST", "shm_register"),
+    (re.compile(r"/v2/systemsharedmemory(?:/region/(?P<region>[^/]+))?/unregister"), "POST", "shm_unregister"),
 ]
 # Triton routes this server does not serve yet: answered 501 with the reason, never faked.
 NOT_YET = [
     (re.compile(r"/v2/repository(/.*)?"), "the model repository API"),
-    (re.compile(r"/v2/systemsharedmemory(/.*)?|/v2/cudasharedmemory(/.*)?"), "client shared memory"),
+    (re.compile(r"/v2/cudasharedmemory(/.*)?"), "CUDA shared memory"),
     (re.compile(r"/v2/logging"), "the logging API"),
     (re.compile(r"(/v2/models/[^/]+(/versions/[^/]+)?)?/v2/trace/setting|" + _MODEL + r"/trace/setting"),
      "trace settings"),
@@ -88,7 +91,7 @@ class HttpApp:
                     if method != want:
                         await _send(send, 405, _error_body("Method Not Allowed"), _TEXT)
                         return
-                    await getattr(self, name)(send, **m.groupdict())
+                    await getattr(self, name)(receive, send, **m.groupdict())
                     return
             for pattern, what in NOT_YET:
                 if pattern.fullmatch(path):
@@ -99,35 +102,61 @@ class HttpApp:
             await _send(send, e.status.http_status, _error_body(e.message))
         except ConnectionError:
             pass
+        except Exception as e:  # a bug of ours: answer, log, and keep serving
+            log.exception("%s %s failed", method, path)
+            await _send(send, 500, _error_body(f"internal error: {type(e).__name__}: {e}"))
 
     # -- health and metadata ---------------------------------------------------------------
-    async def live(self, send) -> None:
+    async def live(self, receive, send) -> None:
         await _send(send, 200 if self.dp.live() else 400, b"", _TEXT)
 
-    async def ready(self, send) -> None:
+    async def ready(self, receive, send) -> None:
         await _send(send, 200 if self.dp.ready() else 400, b"", _TEXT)
 
-    async def server_metadata(self, send) -> None:
+    async def server_metadata(self, receive, send) -> None:
         doc = {"name": "triton", "version": __version__, "extensions": EXTENSIONS}
         await _send(send, 200, orjson.dumps(doc))
 
-    async def model_metadata(self, send, model: str, version: str | None) -> None:
+    async def model_metadata(self, receive, send, model: str, version: str | None) -> None:
         await _send(send, 200, orjson.dumps(self.dp.model_metadata(model, version or "")))
 
-    async def model_ready(self, send, model: str, version: str | None) -> None:
+    async def model_ready(self, receive, send, model: str, version: str | None) -> None:
         if self.dp.model_ready(model, version or ""):
             await _send(send, 200, b"", _TEXT)
         else:
             await _send(send, 400, _error_body("Model version not ready"), _TEXT)
 
-    async def model_config(self, send, model: str, version: str | None) -> None:
+    async def model_config(self, receive, send, model: str, version: str | None) -> None:
         await _send(send, 200, orjson.dumps(self.dp.model_config(model, version or "")))
 
-    async def model_stats(self, send, model: str, version: str | None) -> None:
+    async def model_stats(self, receive, send, model: str, version: str | None) -> None:
         await _send(send, 200, orjson.dumps(self.dp.statistics(model, version or "")))
 
-    async def all_stats(self, send) -> None:
+    async def all_stats(self, receive, send) -> None:
         await _send(send, 200, orjson.dumps(self.dp.statistics("", "")))
+
+    # -- client shared memory ----------------------------------------------------------------
+    async def shm_status(self, receive, send, region: str | None) -> None:
+        regions = self.dp.shm.status(region or "")
+        doc = [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size} for r in regions]
+        await _send(send, 200, orjson.dumps(doc))
+
+    async def shm_register(self, receive, send, region: str) -> None:
+        body = await _read_body(receive)
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            raise ServerError(f"failed to parse the request JSON buffer: {e}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("key"), str) \
+                or not isinstance(doc.get("byte_size"), int) or not isinstance(doc.get("offset", 0), int):
+            raise ServerError("a region registration needs 'key' (a string), 'byte_size' and 'offset' (integers)")
+        self.dp.shm.register(region, doc["key"], doc.get("offset", 0), doc["byte_size"])
+        await _send(send, 200, b"", _TEXT)
+
+    async def shm_unregister(self, receive, send, region: str | None) -> None:
+        await _read_body(receive)
+        self.dp.shm.unregister(region or "")
+        await _send(send, 200, b"", _TEXT)
 
     # -- inference -------------------------------------------------------------------------
     async def infer(self, scope, receive, send, model: str, version: str) -> None:

@@ -63,12 +63,13 @@ def _model_table(models: ModelManager) -> str:
 
 class Server:
     def __init__(self, options: ServerOptions, endpoints: Endpoints, strict_readiness: bool = True,
-                 exit_on_error: bool = True, exit_timeout: float = 30.0):
+                 exit_on_error: bool = True, exit_timeout: float = 30.0, allow_client_shm: bool = False):
         self.options = options
         self.endpoints = endpoints
         self.strict_readiness = strict_readiness
         self.exit_on_error = exit_on_error
         self.exit_timeout = exit_timeout
+        self.allow_client_shm = allow_client_shm
         self.stop_requested = asyncio.Event()
         self.signals = 0
         self.http: _Uvicorn | None = None
@@ -88,7 +89,7 @@ class Server:
         if removed:
             log.warning("removed %d shared-memory segments left by a server that is gone", len(removed))
         models = ModelManager(self.options)
-        dataplane = Dataplane(models, self.strict_readiness)
+        dataplane = Dataplane(models, self.strict_readiness, self.allow_client_shm)
         http = None
         http_task = None
         grpc_server = None

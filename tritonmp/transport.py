@@ -29,9 +29,11 @@ class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True):
     name: str
     datatype: str
     shape: list[int]
-    frame: int = -1  # index among the tensor frames, or -1 for the arena
+    frame: int = -1  # index among the tensor frames, or -1 for the arena (or a client region)
     offset: int = 0
     nbytes: int = 0
+    shm_key: str = ""  # set: the bytes lie in this client shared-memory segment at `offset`
+    shm_id: int = 0  # the region's registration, so a replaced region is mapped afresh
 
 
 class RequestHeader(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -40,6 +42,7 @@ class RequestHeader(msgspec.Struct, array_like=True, omit_defaults=True):
     outputs: list[str]  # requested outputs; empty means all
     parameters: dict = {}
     batch_sizes: list[int] = []  # for a merged batch: each original request's batch size
+    shm_outputs: list[TensorRef] = []  # outputs to write into client regions (nbytes: room there)
 
 
 class Execute(msgspec.Struct, array_like=True):

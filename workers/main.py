@@ -22,8 +22,13 @@ from tritonmp import datatypes, transport
 from tritonmp.arena import Arena
 
 from .backend import BackendError, WorkRequest, WorkTensor
+from .client_shm import ClientRegions
 
 PR_SET_PDEATHSIG = 1
+
+
+class OutputError(Exception):
+    """An output that cannot be returned as the request asked."""
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -56,6 +61,7 @@ class Worker:
         self.in_arena = Arena(spec.in_arena, 0, create=False)
         self.out_arena = Arena(spec.out_arena, 0, create=False)
         self.backend = None
+        self.client_regions = ClientRegions()
 
     def send(self, kind: bytes, header, frames=()) -> None:
         transport.send_message(self.sock, kind, transport.encode(header), frames)
@@ -78,7 +84,9 @@ class Worker:
         return True
 
     def decode_tensor(self, ref: transport.TensorRef, frames) -> WorkTensor:
-        if ref.frame >= 0:
+        if ref.shm_key:
+            buf = self.client_regions.view(ref.shm_key, ref.shm_id)[ref.offset:ref.offset + ref.nbytes]
+        elif ref.frame >= 0:
             buf = frames[ref.frame]
         else:
             buf = self.in_arena.view[ref.offset:ref.offset + ref.nbytes]
@@ -88,11 +96,21 @@ class Worker:
             array = np.frombuffer(buf, dtype=datatypes.NUMPY_OF[ref.datatype]).reshape(ref.shape)
         return WorkTensor(ref.name, ref.datatype, array)
 
-    def encode_tensor(self, t: WorkTensor, frames: list) -> transport.TensorRef:
+    def encode_tensor(self, t: WorkTensor, frames: list, shm_dest: transport.TensorRef | None = None
+                      ) -> transport.TensorRef:
         array = np.asarray(t.array)
         buf = datatypes.to_buffer(t.datatype, array)
         nbytes = len(buf) if isinstance(buf, bytes) else buf.nbytes
         ref = transport.TensorRef(t.name, t.datatype, list(array.shape), nbytes=nbytes)
+        if shm_dest is not None:
+            if nbytes > shm_dest.nbytes:
+                raise OutputError(f"shared memory size specified with the request for output '{t.name}' "
+                                  f"({shm_dest.nbytes} bytes) should be at least {nbytes} bytes to hold the results")
+            view = self.client_regions.view(shm_dest.shm_key, shm_dest.shm_id)
+            if nbytes:
+                view[shm_dest.offset:shm_dest.offset + nbytes] = memoryview(buf).cast("B")
+            ref.shm_key, ref.shm_id, ref.offset = shm_dest.shm_key, shm_dest.shm_id, shm_dest.offset
+            return ref
         if nbytes >= transport.INLINE_LIMIT:
             offset = self.out_arena.alloc(nbytes)
             if offset is not None:
@@ -105,11 +123,15 @@ class Worker:
 
     def run_batch(self, header: transport.Execute, frames) -> None:
         t0 = time.perf_counter_ns()
-        requests = [
-            WorkRequest(r.id, [self.decode_tensor(ref, frames) for ref in r.inputs], r.outputs,
-                        r.parameters, r.batch_sizes)
-            for r in header.requests
-        ]
+        try:
+            requests = [
+                WorkRequest(r.id, [self.decode_tensor(ref, frames) for ref in r.inputs], r.outputs,
+                            r.parameters, r.batch_sizes)
+                for r in header.requests
+            ]
+        except ValueError as e:  # a client region that cannot be mapped, malformed BYTES
+            self.send(transport.RESULT, transport.Result(header.batch_id, [], error=str(e)))
+            return
         t1 = time.perf_counter_ns()
         try:
             responses = self.backend.execute(requests)
@@ -122,11 +144,14 @@ class Worker:
         out_frames: list = []
         self.out_arena.reset()
         headers = []
-        for r in responses:
+        for request, r in zip(header.requests, responses):
+            dests = {d.name: d for d in request.shm_outputs}
             try:
-                refs = [self.encode_tensor(t, out_frames) for t in r.outputs]
+                refs = [self.encode_tensor(t, out_frames, dests.get(t.name)) for t in r.outputs]
                 headers.append(transport.ResponseHeader(outputs=refs, error=r.error,
                                                         error_status=r.error_status))
+            except OutputError as e:
+                headers.append(transport.ResponseHeader(error=str(e)))
             except (ValueError, TypeError, KeyError) as e:
                 headers.append(transport.ResponseHeader(error=f"cannot return the model's output: {e}"))
         t3 = time.perf_counter_ns()

@@ -1,0 +1,196 @@
+"""Client system shared memory over HTTP and gRPC: registration and its errors, inputs read from
+and outputs written into client regions by the worker, mixed with ordinary tensors."""
+
+import numpy as np
+import orjson
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+
+@pytest.fixture(scope="module")
+def shm_server(example_repo, test_repo, tmp_path_factory):
+    from conftest import ServerProcess, shm_segments
+
+    s = ServerProcess([example_repo, test_repo], ["--allow-client-shm=true"],
+                      tmp_path_factory.mktemp("log") / "server.log")
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.cleanup()
+        assert not shm_segments(s.pid)
+
+
+@pytest.fixture
+def regions(request):
+    """Client regions made with tritonclient's helpers, destroyed after the test."""
+    made = []
+
+    def make(name, size):
+        handle = shm.create_shared_memory_region(name, f"/{name}-{request.node.name[:20]}-t", size)
+        made.append(handle)
+        return handle, f"/{name}-{request.node.name[:20]}-t"
+
+    yield make
+    for handle in made:
+        shm.destroy_shared_memory_region(handle)
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_inputs_and_outputs_through_client_regions(shm_server, regions, module):
+    url = shm_server.url if module is httpclient else shm_server.grpc_url
+    client = module.InferenceServerClient(url)
+    client.unregister_system_shared_memory()
+    a = np.arange(24, dtype=np.float32).reshape(8, 3)
+    b = np.full((8, 3), 0.5, np.float32)
+    in_handle, in_key = regions("in", 2 * a.nbytes)
+    out_handle, out_key = regions("out", a.nbytes + 16)
+    shm.set_shared_memory_region(in_handle, [a])
+    shm.set_shared_memory_region(in_handle, [b], offset=a.nbytes)
+    client.register_system_shared_memory("in", in_key, 2 * a.nbytes)
+    client.register_system_shared_memory("out", out_key, a.nbytes + 16)
+    for model in ("add", "add_py"):
+        inputs = [module.InferInput("A", [8, 3], "FP32"), module.InferInput("B", [8, 3], "FP32")]
+        inputs[0].set_shared_memory("in", a.nbytes)
+        inputs[1].set_shared_memory("in", b.nbytes, offset=a.nbytes)
+        outputs = [module.InferRequestedOutput("C")]
+        outputs[0].set_shared_memory("out", a.nbytes, offset=16)
+        response = client.infer(model, inputs, outputs=outputs).get_response()
+        # the bytes are in the region, not in the response
+        if module is httpclient:
+            assert response["outputs"] == [{"name": "C", "datatype": "FP32", "shape": [8, 3]}]
+        else:
+            assert list(response.raw_output_contents) == [b""]
+        got = shm.get_contents_as_numpy(out_handle, np.float32, [8, 3], offset=16)
+        np.testing.assert_array_equal(got, a + b)
+        shm.set_shared_memory_region(out_handle, [np.zeros((8, 3), np.float32)], offset=16)
+    client.unregister_system_shared_memory()
+
+
+def test_shm_inputs_mix_with_ordinary_tensors(shm_server, regions):
+    client = httpclient.InferenceServerClient(shm_server.url)
+    a = np.ones((1, 3), np.float32)
+    handle, key = regions("mix", a.nbytes)
+    shm.set_shared_memory_region(handle, [a * 7])
+    client.register_system_shared_memory("mix", key, a.nbytes)
+    try:
+        inputs = [httpclient.InferInput("A", [1, 3], "FP32"), httpclient.InferInput("B", [1, 3], "FP32")]
+        inputs[0].set_shared_memory("mix", a.nbytes)
+        inputs[1].set_data_from_numpy(a)
+        np.testing.assert_array_equal(client.infer("add", inputs).as_numpy("C"), a * 8)
+        g = grpcclient.InferenceServerClient(shm_server.grpc_url)
+        inputs = [grpcclient.InferInput("A", [1, 3], "FP32"), grpcclient.InferInput("B", [1, 3], "FP32")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_shared_memory("mix", a.nbytes)
+        np.testing.assert_array_equal(g.infer("add_py", inputs).as_numpy("C"), a * 8)
+    finally:
+        client.unregister_system_shared_memory("mix")
+
+
+def test_status_register_and_unregister(shm_server, regions):
+    client = httpclient.InferenceServerClient(shm_server.url)
+    _, key = regions("st", 64)
+    client.register_system_shared_memory("st", key, 32, offset=16)
+    assert client.get_system_shared_memory_status("st") == [{"name": "st", "key": key, "offset": 16, "byte_size": 32}]
+    g = grpcclient.InferenceServerClient(shm_server.grpc_url)
+    status = g.get_system_shared_memory_status(as_json=True)["regions"]["st"]
+    assert status == {"name": "st", "key": key, "offset": "16", "byte_size": "32"}
+    with pytest.raises(InferenceServerException, match="shared memory region 'st' already in manager"):
+        client.register_system_shared_memory("st", key, 32)
+    with pytest.raises(InferenceServerException) as e:
+        g.register_system_shared_memory("st", key, 32)
+    assert e.value.status() == "StatusCode.ALREADY_EXISTS"
+    g.unregister_system_shared_memory("st")
+    assert client.get_system_shared_memory_status() == []
+    client.unregister_system_shared_memory("never-registered")  # not an error, as in Triton
+
+
+@pytest.mark.parametrize("body,status,message", [
+    ({"key": "/tritonmp-test-no-such-key", "offset": 0, "byte_size": 8}, 500,
+     "Unable to open shared memory region: '/tritonmp-test-no-such-key'"),
+    ({"key": "KEY", "offset": 0, "byte_size": 65}, 500, "Invalid shared memory region: 'KEY'"),
+    ({"key": "KEY", "offset": 60, "byte_size": 8}, 500, "Invalid shared memory region: 'KEY'"),
+    ({"offset": 0, "byte_size": 8}, 400, "needs 'key'"),
+])
+def test_registration_errors(shm_server, regions, body, status, message):
+    _, key = regions("err", 64)
+    body = {k: (key if v == "KEY" else v) for k, v in body.items()}
+    message = message.replace("KEY", key)
+    got, _, raw = shm_server.post("/v2/systemsharedmemory/region/err/register", orjson.dumps(body))
+    assert got == status, raw
+    assert message in orjson.loads(raw)["error"]
+    assert shm_server.get("/v2/systemsharedmemory/region/err/status")[0] == 404
+
+
+def _request(region_in, offset, size, out_region="o", out_size=12, out_offset=0):
+    return orjson.dumps({
+        "inputs": [{"name": "A", "shape": [1, 3], "datatype": "FP32",
+                    "parameters": {"shared_memory_region": region_in, "shared_memory_byte_size": size,
+                                   "shared_memory_offset": offset}},
+                   {"name": "B", "shape": [1, 3], "datatype": "FP32", "data": [1, 1, 1]}],
+        "outputs": [{"name": "C", "parameters": {"shared_memory_region": out_region,
+                                                 "shared_memory_byte_size": out_size,
+                                                 "shared_memory_offset": out_offset}}]})
+
+
+@pytest.mark.parametrize("model", ["add", "add_py"])
+@pytest.mark.parametrize("case,body,status,message", [
+    ("unknown region", ("nope", 0, 12), 404, "Unable to find shared memory region: 'nope'"),
+    ("offset past the end", ("i", 60, 12), 400, "Invalid offset + byte size for shared memory region: 'i'"),
+    ("negative offset", ("i", -4, 12), 400, "Invalid offset + byte size for shared memory region: 'i'"),
+    ("size not the tensor's", ("i", 0, 8), 400, "input byte size mismatch for input 'A' for model"),
+    ("output window past the end", ("i", 0, 12, "o", 12, 60), 400,
+     "Invalid offset + byte size for shared memory region: 'o'"),
+    ("output region too small", ("i", 0, 12, "o", 4), 500,
+     "shared memory size specified with the request for output 'C' (4 bytes) should be at least 12 bytes"),
+])
+def test_out_of_bounds_and_unknown_regions(shm_server, regions, model, case, body, status, message):
+    client = httpclient.InferenceServerClient(shm_server.url)
+    in_handle, in_key = regions("i", 64)
+    out_handle, out_key = regions("o", 64)
+    shm.set_shared_memory_region(out_handle, [np.full(16, 9, np.float32)])
+    client.register_system_shared_memory("i", in_key, 64)
+    client.register_system_shared_memory("o", out_key, 64)
+    try:
+        got, _, raw = shm_server.post(f"/v2/models/{model}/infer", _request(*body))
+        assert got == status, raw
+        assert message in orjson.loads(raw)["error"]
+        # nothing was written outside what the request was allowed to touch
+        np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [16]), np.full(16, 9))
+    finally:
+        client.unregister_system_shared_memory()
+
+
+def test_unregistering_a_region_in_use_is_safe(shm_server, regions):
+    """Requests in flight keep the worker's own mapping; later ones see the region is gone."""
+    client = httpclient.InferenceServerClient(shm_server.url)
+    a = np.ones((1, 4), np.float32)
+    handle, key = regions("busy", a.nbytes)
+    shm.set_shared_memory_region(handle, [a])
+    client.register_system_shared_memory("busy", key, a.nbytes)
+    inp = httpclient.InferInput("X", [1, 4], "FP32")
+    inp.set_shared_memory("busy", a.nbytes)
+    # batch_report holds requests in its queue for up to 300 ms, so these are in flight at the unregister
+    pending = [httpclient.InferenceServerClient(shm_server.url, concurrency=4).async_infer("batch_report", [inp])
+               for _ in range(4)]
+    client.unregister_system_shared_memory("busy")
+    for p in pending:
+        try:
+            np.testing.assert_array_equal(p.get_result().as_numpy("Y"), a)
+        except InferenceServerException as e:  # it reached the server after the unregister
+            assert "Unable to find shared memory region: 'busy'" in e.message()
+    with pytest.raises(InferenceServerException, match="Unable to find shared memory region: 'busy'"):
+        client.infer("batch_report", [inp])
+
+
+def test_client_shm_is_refused_without_the_flag(server, regions):
+    _, key = regions("off", 64)
+    status, _, raw = server.post("/v2/systemsharedmemory/region/off/register",
+                                 orjson.dumps({"key": key, "offset": 0, "byte_size": 64}))
+    assert status == 503
+    assert "--allow-client-shm=true" in orjson.loads(raw)["error"]
+    with pytest.raises(InferenceServerException, match="--allow-client-shm=true"):
+        grpcclient.InferenceServerClient(server.grpc_url).register_system_shared_memory("off", key, 64)
