@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conftest import TRITONMP
+from conftest import SERVED_EXTENSIONS, TRITONMP
 from make_example_repo import binary_op_model, write
 
 ADD_CONFIG = """
@@ -79,7 +79,7 @@ def test_server_refuses_to_start_when_a_model_fails_by_default(start_server, exa
     server = start_server([bad_repo], wait=False)
     assert server.proc.wait(60) == 1
     log = server.log()
-    assert "failed to load 'tutorial_dims'" in log
+    assert "load failed for model 'tutorial_dims'" in log
     assert "dims exclude the batch dimension" in log
 
 
@@ -145,8 +145,7 @@ def test_model_metadata_and_config_match_triton(server):
 def test_server_metadata_lists_only_what_is_served(server):
     meta = orjson.loads(server.get("/v2")[2])
     assert meta["name"] == "triton"
-    assert set(meta["extensions"]) == {"binary_tensor_data", "model_configuration", "parameters", "statistics",
-                                     "system_shared_memory"}
+    assert set(meta["extensions"]) == SERVED_EXTENSIONS
 
 
 def test_version_policy_serves_the_chosen_versions(start_server, tmp_path):

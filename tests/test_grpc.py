@@ -9,6 +9,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
+from conftest import SERVED_EXTENSIONS
+
 
 def _add_inputs(a, b, module=grpcclient):
     inputs = [module.InferInput("A", list(a.shape), "FP32"), module.InferInput("B", list(b.shape), "FP32")]
@@ -23,8 +25,7 @@ def test_health_and_metadata(server):
     assert client.is_model_ready("add") and not client.is_model_ready("add", "9")
     meta = client.get_server_metadata()
     assert meta.name == "triton"
-    assert set(meta.extensions) == {"binary_tensor_data", "model_configuration", "parameters", "statistics",
-                                     "system_shared_memory"}
+    assert set(meta.extensions) == SERVED_EXTENSIONS
     model = client.get_model_metadata("add_py", as_json=True)
     assert model == {"name": "add_py", "versions": ["1"], "platform": "python",
                      "inputs": [{"name": "A", "datatype": "FP32", "shape": ["-1", "3"]},
@@ -133,6 +134,6 @@ def test_asyncio_client(server):
 def test_unserved_rpcs_say_so(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     with pytest.raises(InferenceServerException) as e:
-        client.get_model_repository_index()
+        client.get_cuda_shared_memory_status()
     assert e.value.status() == "StatusCode.UNIMPLEMENTED"
     assert "not supported by this server yet" in e.value.message()

@@ -41,6 +41,10 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-http", type=_bool, default=True)
     p.add_argument("--allow-grpc", type=_bool, default=True)
     p.add_argument("--allow-metrics", type=_bool, default=True)
+    p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
+    p.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                   help="with --model-control-mode=explicit: a model to load at startup ('*' for all)")
+    p.add_argument("--repository-poll-secs", type=float, default=15.0)
     p.add_argument("--allow-client-shm", type=_bool, default=False,
                    help="let clients register system shared-memory regions (off by default, as in Triton)")
     p.add_argument("--grpc-use-ssl", type=_bool, default=False)
@@ -97,7 +101,10 @@ def serve(argv: list[str]) -> int:
     options = ServerOptions(repositories=[os.path.abspath(r) for r in args.model_repository],
                             workers=args.workers, auto_complete=auto_complete,
                             arena_bytes=args.arena_mb << 20, log_verbose=args.log_verbose,
-                            gpus=visible_gpus())
+                            exit_timeout=args.exit_timeout_secs, gpus=visible_gpus())
+    if args.load_model and args.model_control_mode != "explicit":
+        log.error("--load-model needs --model-control-mode=explicit")
+        return 1
     endpoints = Endpoints(args.http_address, args.http_port, args.allow_http, args.grpc_address, args.grpc_port,
                           args.allow_grpc, tls)
     if args.allow_metrics:
@@ -106,7 +113,8 @@ def serve(argv: list[str]) -> int:
 
     async def main() -> int:
         server = Server(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs,
-                        args.allow_client_shm)
+                        args.allow_client_shm, args.model_control_mode, args.load_model,
+                        args.repository_poll_secs)
         return await server.run()
 
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -115,22 +115,31 @@ def resolve_backend(config: mc.ModelConfig, model_dir: str, versions: list[int],
     return backend
 
 
-def load(model_dir: str, auto_complete: bool = True) -> Completed:
-    """Parse, complete and check the configuration of the model in `model_dir`.
+def load(model_dir: str, auto_complete: bool = True, override: str | None = None) -> Completed:
+    """Parse, complete and check the configuration of the model in `model_dir`; `override` is a
+    ModelConfig in JSON that replaces config.pbtxt (the repository API's `config` parameter).
 
     Raises ConfigProblem on the first problem; `check_all` collects them instead.
     """
-    problems = check_all(model_dir, auto_complete)
+    problems = check_all(model_dir, auto_complete, override)
     if isinstance(problems, Completed):
         return problems
     raise problems[0]
 
 
-def check_all(model_dir: str, auto_complete: bool = True) -> Completed | list[ConfigProblem]:
+def check_all(model_dir: str, auto_complete: bool = True,
+              override: str | None = None) -> Completed | list[ConfigProblem]:
     model_dir = os.path.abspath(model_dir)
     name = os.path.basename(model_dir)
     path = os.path.join(model_dir, "config.pbtxt")
-    if os.path.exists(path):
+    if override is not None:
+        path = "the load request's 'config' parameter"
+        config = mc.ModelConfig()
+        try:
+            json_format.Parse(override, config)
+        except json_format.ParseError as e:
+            return [ConfigProblem(path, "", f"not a valid ModelConfig in JSON: {e}")]
+    elif os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             try:
                 config = parse_text(f.read(), path)

@@ -7,7 +7,7 @@ import logging
 
 from . import config as cfg
 from .core import InferRequest, InferResponse
-from .errors import invalid
+from .errors import invalid, unavailable
 from .model_manager import ModelManager
 from .shm_registry import SharedMemoryRegistry
 from .validation import check_request
@@ -15,12 +15,15 @@ from .validation import check_request
 log = logging.getLogger("tritonmp.dataplane")
 
 # The Triton extensions this server really implements, as server metadata lists them.
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters", "statistics", "system_shared_memory"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters", "statistics", "system_shared_memory",
+              "model_repository", "model_repository(unload_dependents)"]
 
 
 class Dataplane:
-    def __init__(self, models: ModelManager, strict_readiness: bool = True, allow_client_shm: bool = False):
+    def __init__(self, models: ModelManager, strict_readiness: bool = True, allow_client_shm: bool = False,
+                 model_control: str = "none"):
         self.models = models
+        self.model_control = model_control
         self.shm = SharedMemoryRegistry(allow_client_shm)
         self.strict_readiness = strict_readiness
         self.accepting = True  # false once shutdown starts
@@ -72,6 +75,29 @@ class Dataplane:
             else:
                 versions = [mv for _, mv in sorted(entry.versions.items())]
         return {"model_stats": [mv.pool.stats.to_json() for mv in versions]}
+
+    # -- the repository API ------------------------------------------------------------------
+    def repository_index(self, ready_only: bool = False) -> list[dict]:
+        return self.models.index(ready_only)
+
+    def _check_explicit(self) -> None:
+        if self.model_control != "explicit":
+            raise unavailable("explicit model load / unload is not allowed if polling is enabled; start the "
+                              "server with --model-control-mode=explicit to load and unload models")
+
+    async def load_model(self, name: str, parameters: dict) -> None:
+        """Load or reload `name`; parameters: `config` (ModelConfig JSON), `file:<path>` (bytes)."""
+        self._check_explicit()
+        config = parameters.get("config")
+        if config is not None and not isinstance(config, str):
+            raise invalid("the 'config' parameter must be a string holding the model configuration in JSON")
+        files = {k[len("file:"):]: v for k, v in parameters.items() if k.startswith("file:")}
+        await self.models.load(name, config, files or None)
+
+    async def unload_model(self, name: str, parameters: dict) -> None:
+        """Unload `name`; `unload_dependents` is accepted (this server has no ensembles that depend on it)."""
+        self._check_explicit()
+        await self.models.unload(name)
 
     async def infer(self, request: InferRequest) -> InferResponse:
         mv = self.models.get(request.model_name, request.model_version)

@@ -120,6 +120,27 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.dp.shm.unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
+    @_errors_to_status
+    async def RepositoryIndex(self, request, context):
+        response = pb.RepositoryIndexResponse()
+        for row in self.dp.repository_index(request.ready):
+            response.models.add(**row)
+        return response
+
+    @_errors_to_status
+    async def RepositoryModelLoad(self, request, context):
+        params = {}
+        for key, p in request.parameters.items():
+            which = p.WhichOneof("parameter_choice")
+            params[key] = getattr(p, which) if which else None
+        await self.dp.load_model(request.model_name, params)
+        return pb.RepositoryModelLoadResponse()
+
+    @_errors_to_status
+    async def RepositoryModelUnload(self, request, context):
+        await self.dp.unload_model(request.model_name, {})
+        return pb.RepositoryModelUnloadResponse()
+
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests are run as they arrive; responses (or in-stream errors) go back in completion
         order, each carrying its request's id."""
@@ -160,9 +181,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             for task in list(pending):
                 task.cancel()
 
-    RepositoryIndex = _not_yet("the model repository API")
-    RepositoryModelLoad = _not_yet("the model repository API")
-    RepositoryModelUnload = _not_yet("the model repository API")
     CudaSharedMemoryStatus = _not_yet("CUDA shared memory")
     CudaSharedMemoryRegister = _not_yet("CUDA shared memory")
     CudaSharedMemoryUnregister = _not_yet("CUDA shared memory")

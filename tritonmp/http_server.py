@@ -6,6 +6,8 @@ dispatched by a precompiled pattern ahead of the router, the others by a small r
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import re
 
@@ -31,13 +33,15 @@ ROUTES = [
     (re.compile(_MODEL + r"/ready"), "GET", "model_ready"),
     (re.compile(_MODEL + r"/config"), "GET", "model_config"),
     (re.compile(_MODEL + r"/stats"), "GET", "model_stats"),
+    (re.compile(r"/v2/repository/index"), "POST", "repository_index"),
+    (re.compile(r"/v2/repository/models/(?P<model>[^/]+)/load"), "POST", "repository_load"),
+    (re.compile(r"/v2/repository/models/(?P<model>[^/]+)/unload"), "POST", "repository_unload"),
     (re.compile(r"/v2/systemsharedmemory(?:/region/(?P<region>[^/]+))?/status"), "GET", "shm_status"),
     (re.compile(r"/v2/systemsharedmemory/region/(?P<region>[^/]+)/register"), "POST", "shm_register"),
     (re.compile(r"/v2/systemsharedmemory(?:/region/(?P<region>[^/]+))?/unregister"), "POST", "shm_unregister"),
 ]
 # Triton routes this server does not serve yet: answered 501 with the reason, never faked.
 NOT_YET = [
-    (re.compile(r"/v2/repository(/.*)?"), "the model repository API"),
     (re.compile(r"/v2/cudasharedmemory(/.*)?"), "CUDA shared memory"),
     (re.compile(r"/v2/logging"), "the logging API"),
     (re.compile(r"(/v2/models/[^/]+(/versions/[^/]+)?)?/v2/trace/setting|" + _MODEL + r"/trace/setting"),
@@ -56,6 +60,20 @@ async def _read_body(receive) -> bytes:
         chunks.append(message.get("body", b""))
         more = message.get("more_body", False)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _json_body(receive) -> dict:
+    """A request body that is a JSON object, or {} when empty."""
+    body = await _read_body(receive)
+    if not body.strip():
+        return {}
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ServerError(f"failed to parse the request JSON buffer: {e}") from None
+    if not isinstance(doc, dict):
+        raise ServerError("failed to parse the request JSON buffer: expected a JSON object")
+    return doc
 
 
 async def _send(send, status: int, body: bytes, headers=_JSON) -> None:
@@ -135,6 +153,31 @@ class HttpApp:
     async def all_stats(self, receive, send) -> None:
         await _send(send, 200, orjson.dumps(self.dp.statistics("", "")))
 
+    # -- the repository API ------------------------------------------------------------------
+    async def repository_index(self, receive, send) -> None:
+        doc = await _json_body(receive)
+        await _send(send, 200, orjson.dumps(self.dp.repository_index(bool(doc.get("ready", False)))))
+
+    async def repository_load(self, receive, send, model: str) -> None:
+        params = (await _json_body(receive)).get("parameters") or {}
+        if not isinstance(params, dict):
+            raise ServerError("'parameters' must be a JSON object")
+        decoded = {}
+        for key, value in params.items():
+            if key.startswith("file:"):
+                try:
+                    value = base64.b64decode(value, validate=True)
+                except (binascii.Error, TypeError, ValueError):
+                    raise ServerError(f"parameter '{key}' must hold the file's content in base64") from None
+            decoded[key] = value
+        await self.dp.load_model(model, decoded)
+        await _send(send, 200, b"")
+
+    async def repository_unload(self, receive, send, model: str) -> None:
+        params = (await _json_body(receive)).get("parameters") or {}
+        await self.dp.unload_model(model, params if isinstance(params, dict) else {})
+        await _send(send, 200, b"")
+
     # -- client shared memory ----------------------------------------------------------------
     async def shm_status(self, receive, send, region: str | None) -> None:
         regions = self.dp.shm.status(region or "")
@@ -142,12 +185,8 @@ class HttpApp:
         await _send(send, 200, orjson.dumps(doc))
 
     async def shm_register(self, receive, send, region: str) -> None:
-        body = await _read_body(receive)
-        try:
-            doc = orjson.loads(body)
-        except orjson.JSONDecodeError as e:
-            raise ServerError(f"failed to parse the request JSON buffer: {e}") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("key"), str) \
+        doc = await _json_body(receive)
+        if not isinstance(doc.get("key"), str) \
                 or not isinstance(doc.get("byte_size"), int) or not isinstance(doc.get("offset", 0), int):
             raise ServerError("a region registration needs 'key' (a string), 'byte_size' and 'offset' (integers)")
         self.dp.shm.register(region, doc["key"], doc.get("offset", 0), doc["byte_size"])

@@ -7,6 +7,8 @@ import asyncio
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -14,7 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from . import config as cfg
 from .config import ConfigProblem
-from .errors import not_found, unavailable
+from .errors import ServerError, internal, invalid, not_found, unavailable
 from .pool import InstancePool, InstanceSpec, LoadError
 from .scheduler import BatchPolicy, Scheduler
 from .validation import TensorConfig
@@ -29,6 +31,7 @@ class ServerOptions:
     auto_complete: bool = True
     arena_bytes: int = 64 << 20
     log_verbose: int = 0
+    exit_timeout: float = 30.0
     gpus: list[int] = field(default_factory=list)
 
 
@@ -68,6 +71,17 @@ class ModelVersion:
         log.info("successfully loaded '%s' version %d in %.2fs", self.name, self.version,
                  time.monotonic() - started)
 
+    async def retire(self, timeout: float) -> None:
+        """Finish what is queued and in flight (no new requests reach a retired version), then stop."""
+        self.state = "UNLOADING"
+        try:
+            await asyncio.wait_for(self.scheduler.drained(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("'%s' version %d still had requests after %.0fs; stopping it anyway", self.name,
+                        self.version, timeout)
+        await self.stop(time.monotonic() + timeout)
+        log.info("successfully unloaded '%s' version %d", self.name, self.version)
+
     async def stop(self, deadline: float) -> None:
         self.state = "UNAVAILABLE"
         self.reason = "unloaded"
@@ -79,9 +93,12 @@ class ModelVersion:
 class ModelEntry:
     name: str
     path: str
-    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    versions: dict[int, ModelVersion] = field(default_factory=dict)  # the versions being served
     problem: str = ""  # why the model could not be loaded at all
     platform: str = ""
+    unloaded: list[int] = field(default_factory=list)  # versions shown as UNAVAILABLE / unloaded
+    files_dir: str = ""  # a private directory holding files sent with a load request
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int]) -> list[InstanceSpec]:
@@ -127,52 +144,206 @@ def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int]) -> lis
     return specs
 
 
+def valid_model_name(name: str) -> bool:
+    """A name that can only ever mean a directory directly inside a repository."""
+    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0") \
+        and not name.startswith(".")
+
+
 class ModelManager:
+    """Loads, reloads and unloads models; `models` maps a name to what is served under it."""
+
     def __init__(self, options: ServerOptions):
         self.options = options
         self.models: dict[str, ModelEntry] = {}
+        self._retiring: set[asyncio.Task] = set()
+        self.retiring: set[ModelVersion] = set()  # replaced or unloaded, finishing their requests
 
-    def discover(self) -> list[ModelEntry]:
-        entries = []
-        seen: dict[str, str] = {}
+    # -- the repositories ------------------------------------------------------------------
+    def discover(self) -> dict[str, list[str]]:
+        """Model name -> the directories that hold a model of that name, repository order."""
+        found: dict[str, list[str]] = {}
         for repo in self.options.repositories:
-            for name in sorted(os.listdir(repo)):
-                path = os.path.join(repo, name)
-                if not os.path.isdir(path) or name.startswith("."):
-                    continue
-                entry = ModelEntry(name, path)
-                if name in seen:
-                    entry.problem = f"model '{name}' appears in two repositories: {seen[name]} and {repo}"
-                seen[name] = repo
-                entries.append(entry)
-        return entries
-
-    async def load_all(self) -> None:
-        loads = []
-        for entry in self.discover():
-            self.models[entry.name] = entry
-            if entry.problem:
-                log.error("failed to load '%s': %s", entry.name, entry.problem)
-                continue
             try:
-                completed = cfg.load(entry.path, self.options.auto_complete)
-                specs = instance_specs(completed.config, self.options.workers, self.options.gpus)
-            except (ConfigProblem, LoadError) as e:
-                entry.problem = str(e)
-                log.error("failed to load '%s': %s", entry.name, e)
+                names = sorted(os.listdir(repo))
+            except OSError as e:
+                log.error("cannot read model repository '%s': %s", repo, e)
                 continue
-            entry.platform = completed.config.platform or completed.backend
-            for v in cfg.version_is_wanted(completed.config, completed.versions):
-                mv = ModelVersion(entry.name, v, completed, specs, self.options)
-                entry.versions[v] = mv
-                loads.append(mv.load())
-            if not entry.versions:
-                entry.problem = "the version policy selects no version that is present"
-        await asyncio.gather(*loads)
+            for name in names:
+                path = os.path.join(repo, name)
+                if valid_model_name(name) and os.path.isdir(path):
+                    found.setdefault(name, []).append(path)
+        return found
+
+    def _model_dir(self, name: str) -> str:
+        if not valid_model_name(name):
+            raise internal(f"failed to load '{name}', failed to poll from model repository: not a valid "
+                           "model name")
+        dirs = self.discover().get(name)
+        if not dirs:
+            raise internal(f"failed to load '{name}', failed to poll from model repository: no directory "
+                           f"'{name}' in " + ", ".join(self.options.repositories))
+        if len(dirs) > 1:
+            raise internal(f"failed to load '{name}': it appears in several repositories: {', '.join(dirs)}")
+        return dirs[0]
+
+    # -- loading and unloading -------------------------------------------------------------
+    async def load_all(self, names: list[str] | None = None) -> None:
+        """Startup: load every model (or the named ones), recording failures instead of raising."""
+        found = self.discover()
+        wanted = sorted(found) if names is None or "*" in names else names
+        for name in found:
+            self.models.setdefault(name, ModelEntry(name, found[name][0]))
+
+        async def one(name):
+            try:
+                await self.load(name)
+            except ServerError as e:
+                entry = self.models.setdefault(name, ModelEntry(name, ""))
+                if not entry.versions:
+                    entry.problem = e.message
+
+        await asyncio.gather(*(one(n) for n in wanted))
+
+    async def load(self, name: str, config_override: str | None = None, files: dict[str, bytes] | None = None
+                   ) -> None:
+        """Load or reload a model. The new versions must all be READY before they replace the old
+        ones, which then finish their queued and in-flight requests and stop. On failure the old
+        versions keep serving and the reason is raised."""
+        if files:
+            if config_override is None:
+                raise invalid(f"failed to load '{name}': model files sent with a load request need the "
+                              "'config' parameter too")
+            if not valid_model_name(name):
+                raise invalid(f"failed to load '{name}': not a valid model name")
+            files_dir, path = _write_files(name, files)
+        else:
+            files_dir, path = "", self._model_dir(name)
+        entry = self.models.setdefault(name, ModelEntry(name, path))
+        async with entry.lock:
+            try:
+                new = await self._start_versions(name, path, config_override)
+            except ServerError as e:
+                if files_dir:
+                    shutil.rmtree(files_dir, ignore_errors=True)
+                log.error("%s", e.message)
+                if entry.versions:
+                    for mv in entry.versions.values():
+                        mv.reason = f"a later load failed, this version keeps serving: {e.message}"
+                else:
+                    entry.problem = e.message
+                raise
+            old, old_dir = entry.versions, entry.files_dir
+            entry.versions, entry.path, entry.files_dir = new, path, files_dir
+            entry.problem, entry.unloaded = "", []
+            entry.platform = next(iter(new.values())).config.platform or next(iter(new.values())).backend
+            self._retire(list(old.values()), old_dir)
+
+    async def _start_versions(self, name: str, path: str, override: str | None) -> dict[int, ModelVersion]:
+        try:
+            completed = cfg.load(path, self.options.auto_complete, override)
+            specs = instance_specs(completed.config, self.options.workers, self.options.gpus)
+        except (ConfigProblem, LoadError) as e:
+            raise invalid(f"load failed for model '{name}': {e}") from None
+        versions = cfg.version_is_wanted(completed.config, completed.versions)
+        if not versions:
+            raise invalid(f"load failed for model '{name}': the version policy selects no version that is present")
+        new = {v: ModelVersion(name, v, completed, specs, self.options) for v in versions}
+        await asyncio.gather(*(mv.load() for mv in new.values()))
+        failed = [mv for mv in new.values() if mv.state != "READY"]
+        if failed:
+            await asyncio.gather(*(mv.stop(time.monotonic() + 5) for mv in new.values()))
+            reasons = "".join(f"version {mv.version} is at UNAVAILABLE state: {mv.reason};\n" for mv in failed)
+            raise invalid(f"load failed for model '{name}': {reasons}")
+        return new
+
+    def _retire(self, versions: list[ModelVersion], files_dir: str = "") -> None:
+        self.retiring.update(versions)
+
+        async def retire():
+            await asyncio.gather(*(mv.retire(self.options.exit_timeout) for mv in versions))
+            self.retiring.difference_update(versions)
+            if files_dir:
+                shutil.rmtree(files_dir, ignore_errors=True)
+
+        if versions or files_dir:
+            task = asyncio.get_running_loop().create_task(retire())
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    async def unload(self, name: str) -> None:
+        """Stop serving a model; its queued and in-flight requests finish first. Unknown: no error."""
+        entry = self.models.get(name)
+        if entry is None:
+            return
+        async with entry.lock:
+            old, files_dir = entry.versions, entry.files_dir
+            entry.versions, entry.files_dir = {}, ""
+            entry.unloaded = sorted(set(entry.unloaded) | set(old))
+            self._retire(list(old.values()), files_dir)
+        log.info("unloading '%s'", name)
+
+    def index(self, ready_only: bool = False) -> list[dict]:
+        rows = []
+        names = set(self.discover()) | set(self.models)
+        for name in sorted(names):
+            entry = self.models.get(name)
+            if entry is None or (not entry.versions and not entry.unloaded and not entry.problem):
+                if not ready_only:
+                    rows.append({"name": name})
+                continue
+            for v, mv in sorted(entry.versions.items()):
+                if ready_only and mv.state != "READY":
+                    continue
+                row = {"name": name, "version": str(v), "state": mv.state}
+                if mv.reason:
+                    row["reason"] = mv.reason
+                rows.append(row)
+            if ready_only:
+                continue
+            for v in entry.unloaded:
+                if v not in entry.versions:
+                    rows.append({"name": name, "version": str(v), "state": "UNAVAILABLE", "reason": "unloaded"})
+            if entry.problem and not entry.versions:
+                rows.append({"name": name, "state": "UNAVAILABLE", "reason": entry.problem})
+        return rows
+
+    # -- polling -----------------------------------------------------------------------------
+    def fingerprints(self) -> dict[str, tuple]:
+        """Per model directory: every file's path, size and mtime, to notice changes."""
+        out = {}
+        for name, dirs in self.discover().items():
+            items = []
+            for root, _, files in os.walk(dirs[0]):
+                for f in files:
+                    try:
+                        st = os.stat(os.path.join(root, f))
+                    except OSError:
+                        continue
+                    items.append((os.path.relpath(os.path.join(root, f), dirs[0]), st.st_size, st.st_mtime_ns))
+            out[name] = (dirs[0], tuple(sorted(items)))
+        return out
+
+    async def poll(self, interval: float) -> None:
+        """Watch the repositories: load new models, reload changed ones, unload removed ones."""
+        seen = self.fingerprints()
+        while True:
+            await asyncio.sleep(interval)
+            now = self.fingerprints()
+            for name in sorted(set(seen) | set(now)):
+                if name not in now:
+                    await self.unload(name)
+                elif seen.get(name) != now[name]:
+                    try:
+                        await self.load(name)
+                        log.info("reloaded '%s' after a change in the repository", name)
+                    except ServerError:
+                        pass  # logged by load(); the old versions keep serving
+            seen = now
 
     def all_ready(self) -> bool:
-        return all(not e.problem and e.versions and all(v.state == "READY" for v in e.versions.values())
-                   for e in self.models.values())
+        return all(not e.problem and all(v.state == "READY" for v in e.versions.values())
+                   for e in self.models.values() if e.versions or e.problem)
 
     def failures(self) -> list[str]:
         out = []
@@ -216,10 +387,36 @@ class ModelManager:
             return mv
         try:
             return self.get(name)
-        except Exception:
+        except ServerError:
             if not entry.versions:
                 raise unavailable(f"Request for unknown model: '{name}' has no available versions") from None
             return entry.versions[max(entry.versions)]
 
     async def stop(self, deadline: float) -> None:
-        await asyncio.gather(*(v.stop(deadline) for e in self.models.values() for v in e.versions.values()))
+        for task in list(self._retiring):
+            task.cancel()
+        versions = [v for e in self.models.values() for v in e.versions.values()] + list(self.retiring)
+        await asyncio.gather(*(v.stop(deadline) for v in versions))
+        for e in self.models.values():
+            if e.files_dir:
+                shutil.rmtree(e.files_dir, ignore_errors=True)
+
+
+def _write_files(name: str, files: dict[str, bytes]) -> tuple[str, str]:
+    """Write a load request's files into a fresh private directory; (that directory, the model dir)."""
+    root = tempfile.mkdtemp(prefix="tritonmp-model-")
+    model_dir = os.path.join(root, name)
+    os.makedirs(model_dir)
+    try:
+        for rel, content in files.items():
+            parts = rel.replace("\\", "/").split("/")
+            if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+                raise invalid(f"failed to load '{name}': file path '{rel}' must stay inside the model directory")
+            path = os.path.join(model_dir, *parts)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(content)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return root, model_dir

@@ -161,6 +161,7 @@ class Instance:
                 if not request.future.done():
                     request.future.set_exception(err)
         self.pool.forget_idle(self)
+        self.pool.on_idle()  # let the scheduler see that this batch is over
         if self.stopping:
             return
         log.error("worker %s of model '%s' version %d (pid %d) %s; restarting it", self.spec.name,

@@ -70,6 +70,7 @@ class Scheduler:
         self.queue: deque[InferRequest] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
+        self._drain_waiters: list[asyncio.Future] = []
         pool.on_idle = self.pump
         pool.on_down = self.fail_all
 
@@ -81,8 +82,23 @@ class Scheduler:
         self.pump()
         return request.future
 
+    def busy(self) -> bool:
+        return bool(self.queue) or any(i.batch is not None for i in self.pool.instances)
+
+    async def drained(self) -> None:
+        """Return once nothing is queued or running."""
+        while self.busy():
+            waiter = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
     def pump(self) -> None:
         """Hand batches to idle instances while there are both."""
+        if self._drain_waiters and not self.busy():
+            waiters, self._drain_waiters = self._drain_waiters, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
         idle = self.pool.idle
         while idle and self.queue:
             # drop requests whose client has gone away (cancelled futures)

@@ -63,13 +63,17 @@ def _model_table(models: ModelManager) -> str:
 
 class Server:
     def __init__(self, options: ServerOptions, endpoints: Endpoints, strict_readiness: bool = True,
-                 exit_on_error: bool = True, exit_timeout: float = 30.0, allow_client_shm: bool = False):
+                 exit_on_error: bool = True, exit_timeout: float = 30.0, allow_client_shm: bool = False,
+                 model_control: str = "none", load_models: list[str] | None = None, poll_secs: float = 15.0):
         self.options = options
         self.endpoints = endpoints
         self.strict_readiness = strict_readiness
         self.exit_on_error = exit_on_error
         self.exit_timeout = exit_timeout
         self.allow_client_shm = allow_client_shm
+        self.model_control = model_control
+        self.load_models = load_models or []
+        self.poll_secs = poll_secs
         self.stop_requested = asyncio.Event()
         self.signals = 0
         self.http: _Uvicorn | None = None
@@ -89,7 +93,8 @@ class Server:
         if removed:
             log.warning("removed %d shared-memory segments left by a server that is gone", len(removed))
         models = ModelManager(self.options)
-        dataplane = Dataplane(models, self.strict_readiness, self.allow_client_shm)
+        dataplane = Dataplane(models, self.strict_readiness, self.allow_client_shm, self.model_control)
+        poller = None
         http = None
         http_task = None
         grpc_server = None
@@ -111,7 +116,8 @@ class Server:
                                                         self.endpoints.grpc_port, self.endpoints.grpc_tls)
                 log.info("Started GRPCInferenceService at %s:%d", self.endpoints.grpc_address,
                          self.endpoints.grpc_port)
-            load = loop.create_task(models.load_all())
+            names = self.load_models if self.model_control == "explicit" else None
+            load = loop.create_task(models.load_all(names))
             stop = loop.create_task(self.stop_requested.wait())
             await asyncio.wait({load, stop}, return_when=asyncio.FIRST_COMPLETED)
             if load.done():
@@ -123,11 +129,15 @@ class Server:
                     log.error("failed to load all models:\n  %s", "\n  ".join(failures))
                     code = 1
                     self.stop_requested.set()
+                elif self.model_control == "poll":
+                    poller = loop.create_task(models.poll(self.poll_secs))
                 await stop
             else:
                 load.cancel()
         finally:
             dataplane.accepting = False
+            if poller is not None:
+                poller.cancel()
             deadline = time.monotonic() + self.exit_timeout
             drains = []
             if grpc_server is not None:

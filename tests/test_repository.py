@@ -1,0 +1,167 @@
+"""The repository API and model control: index, load (with a config override and with files),
+unload, reload under traffic without a failed request, polling, and names that stay inside."""
+
+import base64
+import json
+import shutil
+import threading
+
+import numpy as np
+import orjson
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from make_example_repo import binary_op_model
+
+ADD_PY_CONFIG = {
+    "backend": "python", "max_batch_size": 8,
+    "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [3]},
+              {"name": "B", "data_type": "TYPE_FP32", "dims": [3]}],
+    "output": [{"name": "C", "data_type": "TYPE_FP32", "dims": [3]}],
+    "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+}
+
+
+def _config(**changes):
+    return json.dumps({**ADD_PY_CONFIG, **changes})
+
+
+def _add(client, model="add_py", rows=1):
+    a = np.full((rows, 3), 2.0, np.float32)
+    inputs = [httpclient.InferInput("A", a.shape, "FP32"), httpclient.InferInput("B", a.shape, "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    return client.infer(model, inputs).as_numpy("C")
+
+
+@pytest.fixture
+def explicit(start_server, example_repo):
+    return start_server([example_repo], "--model-control-mode=explicit", "--load-model", "add")
+
+
+def test_explicit_mode_loads_only_what_is_named(explicit):
+    client = httpclient.InferenceServerClient(explicit.url)
+    assert client.get_model_repository_index() == [{"name": "add", "version": "1", "state": "READY"},
+                                                   {"name": "add_py"}]
+    assert client.get_model_repository_index() and not client.is_model_ready("add_py")
+    status, _, raw = explicit.post("/v2/repository/index", orjson.dumps({"ready": True}))
+    assert orjson.loads(raw) == [{"name": "add", "version": "1", "state": "READY"}]
+
+
+def test_load_and_unload_over_http_and_grpc(explicit):
+    client = httpclient.InferenceServerClient(explicit.url)
+    client.load_model("add_py")
+    assert client.is_model_ready("add_py")
+    np.testing.assert_array_equal(_add(client), np.full((1, 3), 4.0))
+    client.unload_model("add_py")
+    explicit.wait_until(lambda: {"name": "add_py", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+                        in client.get_model_repository_index(), what="unload")
+    assert not client.is_model_ready("add_py")
+    g = grpcclient.InferenceServerClient(explicit.grpc_url)
+    g.load_model("add_py")
+    assert g.is_model_ready("add_py")
+    index = g.get_model_repository_index(as_json=True)["models"]
+    assert {"name": "add_py", "version": "1", "state": "READY"} in index
+    g.unload_model("add_py", unload_dependents=True)
+    assert not g.is_model_ready("add_py")
+
+
+def test_load_with_a_config_override(explicit):
+    client = httpclient.InferenceServerClient(explicit.url)
+    client.load_model("add_py", config=_config(max_batch_size=4))
+    assert client.get_model_config("add_py")["max_batch_size"] == 4
+    with pytest.raises(InferenceServerException, match="batch-size must be <= 4"):
+        _add(client, rows=5)
+
+
+def test_load_with_files_runs_from_a_private_directory(explicit, tmp_path):
+    client = httpclient.InferenceServerClient(explicit.url)
+    onnx_bytes = binary_op_model("Mul").SerializeToString()
+    config = json.dumps({"platform": "onnxruntime_onnx", "max_batch_size": 8})
+    client.load_model("uploaded", config=config, files={"file:1/model.onnx": onnx_bytes})
+    np.testing.assert_array_equal(_add(client, "uploaded"), np.full((1, 3), 4.0))
+    g = grpcclient.InferenceServerClient(explicit.grpc_url)
+    g.load_model("uploaded_grpc", config=config, files={"file:1/model.onnx": onnx_bytes})
+    assert g.is_model_ready("uploaded_grpc")
+    for bad in ("file:../1/model.onnx", "file:/etc/1/model.onnx", "file:1/../../model.onnx"):
+        status, _, raw = explicit.post("/v2/repository/models/escape/load", orjson.dumps(
+            {"parameters": {"config": config, bad: base64.b64encode(onnx_bytes).decode()}}))
+        assert status == 400, raw
+        assert "must stay inside the model directory" in orjson.loads(raw)["error"]
+
+
+def test_failed_load_keeps_the_previous_version_serving(explicit):
+    client = httpclient.InferenceServerClient(explicit.url)
+    client.load_model("add_py")
+    bad = _config(output=[{"name": "C", "data_type": "TYPE_FP32", "dims": [-3]}])
+    with pytest.raises(InferenceServerException) as e:
+        client.load_model("add_py", config=bad)
+    assert "load failed for model 'add_py'" in e.value.message()
+    assert "output[0].dims: [-3]" in e.value.message()
+    assert client.is_model_ready("add_py")
+    np.testing.assert_array_equal(_add(client), np.full((1, 3), 4.0))
+    (row,) = [r for r in client.get_model_repository_index() if r["name"] == "add_py"]
+    assert row["state"] == "READY" and "a later load failed" in row["reason"]
+
+
+def test_unknown_and_escaping_names_are_refused(explicit):
+    client = httpclient.InferenceServerClient(explicit.url)
+    with pytest.raises(InferenceServerException, match="failed to load 'nope', failed to poll from model repository"):
+        client.load_model("nope")
+    g = grpcclient.InferenceServerClient(explicit.grpc_url)
+    for name in ("..", "../model_repository", ".hidden"):
+        with pytest.raises(InferenceServerException, match="not a valid model name"):
+            g.load_model(name)
+
+
+def test_reload_under_traffic_loses_no_request(explicit):
+    client = httpclient.InferenceServerClient(explicit.url)
+    client.load_model("add_py")
+    stop, failures, done = threading.Event(), [], [0]
+
+    def traffic():
+        c = httpclient.InferenceServerClient(explicit.url)
+        while not stop.is_set():
+            try:
+                np.testing.assert_array_equal(_add(c), np.full((1, 3), 4.0))
+                done[0] += 1
+            except Exception as e:  # every request must succeed
+                failures.append(e)
+
+    threads = [threading.Thread(target=traffic) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(3):
+            explicit.wait_until(lambda n=done[0]: done[0] > n + 20, what="traffic")
+            client.load_model("add_py", config=_config(dynamic_batching={"max_queue_delay_microseconds": 1000 * i}))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not failures, failures[:3]
+    assert done[0] > 60
+
+
+def test_load_is_refused_outside_explicit_mode(server):
+    with pytest.raises(InferenceServerException) as e:
+        httpclient.InferenceServerClient(server.url).load_model("add")
+    assert "explicit model load / unload is not allowed" in e.value.message()
+    assert "--model-control-mode=explicit" in e.value.message()
+
+
+def test_poll_mode_follows_the_repository(start_server, example_repo, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(example_repo / "add", repo / "add")
+    server = start_server([repo], "--model-control-mode=poll", "--repository-poll-secs", "0.2")
+    client = httpclient.InferenceServerClient(server.url)
+    shutil.copytree(example_repo / "add_py", repo / "add_py")
+    server.wait_until(lambda: client.is_model_ready("add_py"), what="the new model")
+    config = (repo / "add_py" / "config.pbtxt").read_text().replace("max_batch_size: 8", "max_batch_size: 2")
+    (repo / "add_py" / "config.pbtxt").write_text(config)
+    server.wait_until(lambda: client.get_model_config("add_py")["max_batch_size"] == 2, what="the reload")
+    shutil.rmtree(repo / "add_py")
+    server.wait_until(lambda: not client.is_model_ready("add_py"), what="the unload")
+    assert client.is_model_ready("add")
