@@ -53,6 +53,11 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-server-key", default="")
     p.add_argument("--grpc-root-cert", default="")
     p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--log-info", type=_bool, default=True)
+    p.add_argument("--log-warning", type=_bool, default=True)
+    p.add_argument("--log-error", type=_bool, default=True)
+    p.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
+    p.add_argument("--log-file", default="")
     p.add_argument("--strict-readiness", type=_bool, default=True)
     p.add_argument("--exit-on-error", type=_bool, default=True,
                    help="exit when a model fails to load at startup (Triton's default)")
@@ -68,16 +73,16 @@ def serve_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _logging(verbose: int) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose > 0 else logging.INFO,
-        format="%(levelname).1s%(asctime)s.%(msecs)03d %(process)d %(name)s] %(message)s",
-        datefmt="%m%d %H:%M:%S", stream=sys.stderr)
-
-
 def serve(argv: list[str]) -> int:
     args = serve_parser().parse_args(argv)
-    _logging(args.log_verbose)
+    from .log_settings import LogSettings
+
+    try:
+        log_settings = LogSettings(args.log_verbose, args.log_info, args.log_warning, args.log_error,
+                                   args.log_format, args.log_file)
+    except OSError as e:
+        print(f"tritonmp: cannot open --log-file: {e}", file=sys.stderr)
+        return 1
     log = logging.getLogger("tritonmp")
     for repo in args.model_repository:
         if not os.path.isdir(repo):
@@ -114,7 +119,7 @@ def serve(argv: list[str]) -> int:
     async def main() -> int:
         server = Server(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs,
                         args.allow_client_shm, args.model_control_mode, args.load_model,
-                        args.repository_poll_secs)
+                        args.repository_poll_secs, log_settings)
         return await server.run()
 
     try:

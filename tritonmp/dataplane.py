@@ -8,6 +8,7 @@ import logging
 from . import config as cfg
 from .core import InferRequest, InferResponse
 from .errors import invalid, unavailable
+from .log_settings import LogSettings
 from .model_manager import ModelManager
 from .shm_registry import SharedMemoryRegistry
 from .validation import check_request
@@ -16,13 +17,14 @@ log = logging.getLogger("tritonmp.dataplane")
 
 # The Triton extensions this server really implements, as server metadata lists them.
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters", "statistics", "system_shared_memory",
-              "model_repository", "model_repository(unload_dependents)"]
+              "model_repository", "model_repository(unload_dependents)", "logging"]
 
 
 class Dataplane:
     def __init__(self, models: ModelManager, strict_readiness: bool = True, allow_client_shm: bool = False,
-                 model_control: str = "none"):
+                 model_control: str = "none", log_settings: LogSettings | None = None):
         self.models = models
+        self.log_settings = log_settings or LogSettings()
         self.model_control = model_control
         self.shm = SharedMemoryRegistry(allow_client_shm)
         self.strict_readiness = strict_readiness
@@ -111,6 +113,9 @@ class Dataplane:
                 o.shm = self.shm.resolve_parameters(o.parameters)
                 uses_shm = uses_shm or o.shm is not None
         check_request(request, mv.name, mv.max_batch_size, mv.inputs, mv.outputs)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("infer request '%s' for model '%s' version %d: batch size %d, inputs %s", request.id,
+                      mv.name, mv.version, request.batch_size, [(t.name, t.datatype, t.shape) for t in request.inputs])
         if uses_shm and mv.pool.merge:
             # the frontend never touches client shm bytes, so it cannot merge them: batch alone
             request.shape_key += (("client shm", id(request)),)

@@ -185,7 +185,18 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     CudaSharedMemoryRegister = _not_yet("CUDA shared memory")
     CudaSharedMemoryUnregister = _not_yet("CUDA shared memory")
     TraceSetting = _not_yet("trace settings")
-    LogSettings = _not_yet("the logging API")
+    @_errors_to_status
+    async def LogSettings(self, request, context):
+        changes = {}
+        for key, value in request.settings.items():
+            which = value.WhichOneof("parameter_choice")
+            changes[key] = getattr(value, which) if which else None
+        settings = self.dp.log_settings.update(changes) if changes else self.dp.log_settings.settings
+        response = pb.LogSettingsResponse()
+        for key, value in settings.items():
+            field = {bool: "bool_param", int: "uint32_param", str: "string_param"}[type(value)]
+            setattr(response.settings[key], field, value)
+        return response
 
 
 def _read(path: str) -> bytes:

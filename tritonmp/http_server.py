@@ -33,6 +33,8 @@ ROUTES = [
     (re.compile(_MODEL + r"/ready"), "GET", "model_ready"),
     (re.compile(_MODEL + r"/config"), "GET", "model_config"),
     (re.compile(_MODEL + r"/stats"), "GET", "model_stats"),
+    (re.compile(r"/v2/logging"), "GET", "logging_get"),
+    (re.compile(r"/v2/logging"), "POST", "logging_update"),
     (re.compile(r"/v2/repository/index"), "POST", "repository_index"),
     (re.compile(r"/v2/repository/models/(?P<model>[^/]+)/load"), "POST", "repository_load"),
     (re.compile(r"/v2/repository/models/(?P<model>[^/]+)/unload"), "POST", "repository_unload"),
@@ -43,7 +45,6 @@ ROUTES = [
 # Triton routes this server does not serve yet: answered 501 with the reason, never faked.
 NOT_YET = [
     (re.compile(r"/v2/cudasharedmemory(/.*)?"), "CUDA shared memory"),
-    (re.compile(r"/v2/logging"), "the logging API"),
     (re.compile(r"(/v2/models/[^/]+(/versions/[^/]+)?)?/v2/trace/setting|" + _MODEL + r"/trace/setting"),
      "trace settings"),
     (re.compile(_MODEL + r"/generate(_stream)?"), "the generate extension"),
@@ -103,14 +104,18 @@ class HttpApp:
                     return
                 await self.infer(scope, receive, send, m["model"], m["version"] or "")
                 return
+            wrong_method = False
             for pattern, want, name in ROUTES:
                 m = pattern.fullmatch(path)
                 if m is not None:
                     if method != want:
-                        await _send(send, 405, _error_body("Method Not Allowed"), _TEXT)
-                        return
+                        wrong_method = True
+                        continue
                     await getattr(self, name)(receive, send, **m.groupdict())
                     return
+            if wrong_method:
+                await _send(send, 405, _error_body("Method Not Allowed"), _TEXT)
+                return
             for pattern, what in NOT_YET:
                 if pattern.fullmatch(path):
                     await _send(send, 501, _error_body(f"{what} is not supported by this server yet"))
@@ -152,6 +157,13 @@ class HttpApp:
 
     async def all_stats(self, receive, send) -> None:
         await _send(send, 200, orjson.dumps(self.dp.statistics("", "")))
+
+    # -- logging -----------------------------------------------------------------------------
+    async def logging_get(self, receive, send) -> None:
+        await _send(send, 200, orjson.dumps(self.dp.log_settings.settings))
+
+    async def logging_update(self, receive, send) -> None:
+        await _send(send, 200, orjson.dumps(self.dp.log_settings.update(await _json_body(receive))))
 
     # -- the repository API ------------------------------------------------------------------
     async def repository_index(self, receive, send) -> None:

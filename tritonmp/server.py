@@ -17,6 +17,7 @@ from . import arena
 from . import grpc_server as grpc_frontend
 from .dataplane import EXTENSIONS, Dataplane
 from .http_server import HttpApp
+from .log_settings import LogSettings
 from .model_manager import ModelManager, ServerOptions
 
 log = logging.getLogger("tritonmp.server")
@@ -64,7 +65,8 @@ def _model_table(models: ModelManager) -> str:
 class Server:
     def __init__(self, options: ServerOptions, endpoints: Endpoints, strict_readiness: bool = True,
                  exit_on_error: bool = True, exit_timeout: float = 30.0, allow_client_shm: bool = False,
-                 model_control: str = "none", load_models: list[str] | None = None, poll_secs: float = 15.0):
+                 model_control: str = "none", load_models: list[str] | None = None, poll_secs: float = 15.0,
+                 log_settings: LogSettings | None = None):
         self.options = options
         self.endpoints = endpoints
         self.strict_readiness = strict_readiness
@@ -74,6 +76,7 @@ class Server:
         self.model_control = model_control
         self.load_models = load_models or []
         self.poll_secs = poll_secs
+        self.log_settings = log_settings or LogSettings()
         self.stop_requested = asyncio.Event()
         self.signals = 0
         self.http: _Uvicorn | None = None
@@ -93,7 +96,8 @@ class Server:
         if removed:
             log.warning("removed %d shared-memory segments left by a server that is gone", len(removed))
         models = ModelManager(self.options)
-        dataplane = Dataplane(models, self.strict_readiness, self.allow_client_shm, self.model_control)
+        dataplane = Dataplane(models, self.strict_readiness, self.allow_client_shm, self.model_control,
+                              self.log_settings)
         poller = None
         http = None
         http_task = None

@@ -1,0 +1,57 @@
+"""The logging extension really changes what the server logs, over HTTP and gRPC."""
+
+import numpy as np
+import orjson
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+
+def _infer(server, request_id):
+    client = httpclient.InferenceServerClient(server.url)
+    a = np.ones((1, 3), np.float32)
+    inputs = [httpclient.InferInput("A", a.shape, "FP32"), httpclient.InferInput("B", a.shape, "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    client.infer("add", inputs, request_id=request_id)
+
+
+def test_verbose_level_turns_request_logging_on_and_off(start_server, example_repo):
+    server = start_server([example_repo])
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.get_log_settings() == {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+                                         "log_verbose_level": 0, "log_format": "default"}
+    _infer(server, "quiet-1")
+    assert client.update_log_settings({"log_verbose_level": 1})["log_verbose_level"] == 1
+    _infer(server, "loud-1")
+    grpcclient.InferenceServerClient(server.grpc_url).update_log_settings({"log_verbose_level": 0})
+    _infer(server, "quiet-2")
+    server.stop()
+    log = server.log()
+    assert "infer request 'loud-1' for model 'add'" in log
+    assert "quiet-1" not in log and "quiet-2" not in log
+
+
+def test_log_format_and_file(start_server, example_repo, tmp_path):
+    server = start_server([example_repo])
+    client = httpclient.InferenceServerClient(server.url)
+    log_file = tmp_path / "server.log"
+    settings = client.update_log_settings({"log_file": str(log_file), "log_format": "ISO8601",
+                                           "log_verbose_level": 1})
+    assert settings["log_format"] == "ISO8601" and settings["log_file"] == str(log_file)
+    _infer(server, "to-file")
+    line = next(line for line in log_file.read_text().splitlines() if "to-file" in line)
+    assert line[:4].isdigit() and line[4] == "-" and "T" in line[:20]
+
+
+def test_bad_settings_are_refused_and_change_nothing(start_server, example_repo):
+    server = start_server([example_repo])
+    for body, message in (({"log_verbose_level": "high"}, "must be an unsigned integer"),
+                          ({"log_format": "XML"}, "log_format must be one of"),
+                          ({"log_colour": True}, "log setting 'log_colour' is not known")):
+        status, _, raw = server.post("/v2/logging", orjson.dumps(body))
+        assert status == 400 and message in orjson.loads(raw)["error"]
+    assert httpclient.InferenceServerClient(server.url).get_log_settings()["log_format"] == "default"
+    with pytest.raises(InferenceServerException, match="not known"):
+        grpcclient.InferenceServerClient(server.grpc_url).update_log_settings({"log_colour": True})

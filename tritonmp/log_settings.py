@@ -1,0 +1,79 @@
+"""The server's log settings as Triton's logging extension shows and changes them, applied to
+Python's logging for the whole frontend at once."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from .errors import invalid
+
+FORMATS = {
+    "default": ("%(levelname).1s%(asctime)s.%(msecs)03d %(process)d %(name)s] %(message)s", "%m%d %H:%M:%S"),
+    "ISO8601": ("%(asctime)sZ %(levelname).1s %(process)d %(name)s] %(message)s", "%Y-%m-%dT%H:%M:%S"),
+}
+
+
+class LogSettings:
+    def __init__(self, verbose: int = 0, info: bool = True, warning: bool = True, error: bool = True,
+                 log_format: str = "default", log_file: str = ""):
+        self.settings = {"log_file": log_file, "log_info": info, "log_warning": warning, "log_error": error,
+                         "log_verbose_level": verbose, "log_format": log_format}
+        self.handler: logging.Handler | None = None
+        self.apply()
+
+    def apply(self) -> None:
+        s = self.settings
+        root = logging.getLogger()
+        if self.handler is not None:
+            root.removeHandler(self.handler)
+            self.handler.close()
+        self.handler = logging.FileHandler(s["log_file"]) if s["log_file"] else logging.StreamHandler(sys.stderr)
+        fmt, datefmt = FORMATS[s["log_format"]]
+        formatter = logging.Formatter(fmt, datefmt)
+        if s["log_format"] == "ISO8601":
+            import time
+
+            formatter.converter = time.gmtime
+        self.handler.setFormatter(formatter)
+        root.addHandler(self.handler)
+        if s["log_verbose_level"] > 0 and s["log_info"]:
+            level = logging.DEBUG
+        elif s["log_info"]:
+            level = logging.INFO
+        elif s["log_warning"]:
+            level = logging.WARNING
+        elif s["log_error"]:
+            level = logging.ERROR
+        else:
+            level = logging.CRITICAL + 1
+        root.setLevel(level)
+        for noisy in ("uvicorn.error", "uvicorn"):
+            logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+
+    def update(self, changes: dict) -> dict:
+        """Apply some settings (Triton's names and types); all are checked before any is applied."""
+        checked = dict(self.settings)
+        for key, value in changes.items():
+            if key not in checked:
+                raise invalid(f"log setting '{key}' is not known; known: {', '.join(self.settings)}")
+            if value is None:
+                continue
+            want = type(self.settings[key])
+            if want is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise invalid(f"log setting '{key}' must be an unsigned integer")
+            if want is bool and not isinstance(value, bool):
+                raise invalid(f"log setting '{key}' must be a boolean")
+            if want is str and not isinstance(value, str):
+                raise invalid(f"log setting '{key}' must be a string")
+            if key == "log_format" and value not in FORMATS:
+                raise invalid(f"log_format must be one of: {', '.join(FORMATS)}")
+            checked[key] = value
+        if checked["log_file"] != self.settings["log_file"] and checked["log_file"]:
+            try:
+                open(checked["log_file"], "a").close()
+            except OSError as e:
+                raise invalid(f"cannot write the log file '{checked['log_file']}': {e}") from None
+        self.settings = checked
+        self.apply()
+        return dict(self.settings)
