@@ -213,6 +213,10 @@ def _check_tensors(kind: str, tensors, config: mc.ModelConfig, path: str) -> lis
         if t.HasField("reshape"):
             problems.append(ConfigProblem(path, field + ".reshape", "reshape is not supported by this "
                                           "server yet; give dims as the model sees them"))
+        label_file = getattr(t, "label_filename", "")
+        if label_file and not os.path.isfile(os.path.join(os.path.dirname(path), label_file)):
+            problems.append(ConfigProblem(path, field + ".label_filename", f"'{label_file}' is not a file in "
+                                          "the model directory"))
     return problems
 
 

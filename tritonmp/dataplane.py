@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from . import config as cfg
+from .classification import class_count, classify
 from .core import InferRequest, InferResponse
 from .errors import invalid, unavailable
 from .log_settings import LogSettings
@@ -16,8 +17,8 @@ from .validation import check_request
 log = logging.getLogger("tritonmp.dataplane")
 
 # The Triton extensions this server really implements, as server metadata lists them.
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters", "statistics", "system_shared_memory",
-              "model_repository", "model_repository(unload_dependents)", "logging"]
+EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "parameters", "statistics",
+              "system_shared_memory", "model_repository", "model_repository(unload_dependents)", "logging"]
 
 
 class Dataplane:
@@ -119,4 +120,10 @@ class Dataplane:
         if uses_shm and mv.pool.merge:
             # the frontend never touches client shm bytes, so it cannot merge them: batch alone
             request.shape_key += (("client shm", id(request)),)
-        return await mv.scheduler.submit(request)
+        wanted = {o.name: class_count(o.parameters, o.name) for o in request.outputs or ()}
+        response = await mv.scheduler.submit(request)
+        if any(wanted.values()):
+            batched = mv.max_batch_size > 0
+            response.outputs = [classify(t, wanted[t.name], batched, mv.labels.get(t.name))
+                                if wanted.get(t.name) else t for t in response.outputs]
+        return response

@@ -8,7 +8,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from . import datatypes
 from .core import InferRequest, InferResponse, RequestedOutput, Tensor
-from .errors import invalid, unsupported
+from .errors import invalid
 
 # datatype -> the InferTensorContents field that carries it in typed form
 CONTENTS_FIELD = {
@@ -77,8 +77,6 @@ def decode_infer(msg: pb.ModelInferRequest) -> InferRequest:
         outputs = []
         for o in msg.outputs:
             params = parameters_dict(o.parameters)
-            if "classification" in params:
-                raise unsupported("the classification extension is not supported by this server yet")
             params.pop("binary_data", None)
             outputs.append(RequestedOutput(o.name, params))
     return InferRequest(msg.model_name, msg.model_version, msg.id, inputs, outputs,

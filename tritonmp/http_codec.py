@@ -125,8 +125,6 @@ def decode_infer(body: bytes, header_length: int | None, model: str, version: st
             params = item.get("parameters") or {}
             if not isinstance(params, dict):
                 raise invalid(f"Unable to parse 'parameters' of output '{item['name']}'")
-            if "classification" in params:
-                raise unsupported("the classification extension is not supported by this server yet")
             outputs.append(RequestedOutput(item["name"], params))
     parameters = doc.get("parameters") or {}
     if not isinstance(parameters, dict):

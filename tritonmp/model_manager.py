@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import config as cfg
+from .classification import read_labels
 from .config import ConfigProblem
 from .errors import ServerError, internal, invalid, not_found, unavailable
 from .pool import InstancePool, InstanceSpec, LoadError
@@ -50,6 +51,7 @@ class ModelVersion:
                        for t in c.input}
         self.outputs = {t.name: cfg.tensor_datatype(t) for t in c.output}
         self.config_json = cfg.to_json(c)
+        self.labels = read_labels(completed.model_dir, c)
         self.pool = InstancePool(name, version, completed.model_dir, completed.backend,
                                  json.dumps(self.config_json), specs, self.outputs, options.arena_bytes,
                                  options.log_verbose)
