@@ -29,8 +29,11 @@ serve: example-repo
 test: example-repo
 	$(BIN)/python -m pytest -q -m "not compat" $(ARGS)
 
+# Installs the reference Triton server (../shared/anchors/setup.sh) when it is missing, then compares.
+ANCHORS ?= $(HOME)/.cache/tritonmp-anchors
 test-compat: example-repo
-	$(BIN)/python -m pytest -q -m compat $(ARGS)
+	@[ -x $(ANCHORS)/bin/tritonserver-ref ] || bash ../shared/anchors/setup.sh $(ANCHORS)
+	TRITONMP_ANCHORS=$(ANCHORS) $(BIN)/python -m pytest -q -m compat $(ARGS)
 
 lint: install
 	$(BIN)/ruff check tritonmp workers tests scripts

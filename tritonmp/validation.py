@@ -43,12 +43,26 @@ def check_request(request: InferRequest, model: str, max_batch_size: int, inputs
         raise invalid(f"{prefix}expected {len(required)} inputs but got {len(request.inputs)} inputs for model "
                       f"'{model}'. Got input(s) [{got}], but missing required input(s) [{miss}]. Please "
                       "provide all required input(s).")
+    for t in request.inputs:
+        if t.name not in inputs:
+            raise invalid(f"{prefix}unexpected inference input '{t.name}' for model '{model}'")
+    # As Triton: the batch size first (every input's first dimension), then each input's type and shape.
     batch = None
+    if max_batch_size > 0:
+        # Triton visits inputs in reverse order of arrival here, so the same input gets the blame
+        for t in reversed(request.inputs):
+            if not t.shape:
+                raise invalid(f"{prefix}input '{t.name}' has no shape, but model '{model}' needs a batch "
+                              "dimension")
+            if batch is None:
+                batch = t.shape[0]
+            elif t.shape[0] != batch:
+                raise invalid(f"{prefix}input '{t.name}' batch size does not match other inputs for '{model}'")
+        if batch is None or batch < 1 or batch > max_batch_size:
+            raise invalid(f"{prefix}inference request batch-size must be <= {max_batch_size} for '{model}'")
     key = []
     for t in request.inputs:
-        cfg = inputs.get(t.name)
-        if cfg is None:
-            raise invalid(f"{prefix}unexpected inference input '{t.name}' for model '{model}'")
+        cfg = inputs[t.name]
         if t.datatype != cfg.datatype:
             raise invalid(f"{prefix}inference input '{t.name}' data-type is '{t.datatype}', but model "
                           f"'{model}' expects '{cfg.datatype}'")
@@ -62,19 +76,9 @@ def check_request(request: InferRequest, model: str, max_batch_size: int, inputs
             note = BATCH_NOTE if max_batch_size > 0 else ""
             raise invalid(f"{prefix}unexpected shape for input '{t.name}' for model '{model}'. Expected "
                           f"{_fmt(expected)}, got {_fmt(shape)}.{note}")
-        if max_batch_size > 0:
-            if batch is None:
-                batch = shape[0]
-            elif shape[0] != batch:
-                raise invalid(f"{prefix}input '{t.name}' batch size does not match other inputs for '{model}'")
         key.append((t.name, tuple(shape[1:]) if max_batch_size > 0 else tuple(shape)))
         _check_size(t, prefix, model)
-    if max_batch_size > 0:
-        if batch is None or batch < 1 or batch > max_batch_size:
-            raise invalid(f"{prefix}inference request batch-size must be <= {max_batch_size} for '{model}'")
-        request.batch_size = batch
-    else:
-        request.batch_size = 1
+    request.batch_size = batch if max_batch_size > 0 else 1
     request.shape_key = tuple(sorted(key))
     if request.outputs is not None:
         for o in request.outputs:

@@ -1,0 +1,210 @@
+"""Differential checks: the same requests to tritonmp and to the real Triton server
+(tritonserver-ref from ../shared/anchors/setup.sh), comparing status codes, error texts and the
+shapes of their answers. Run with `make test-compat`; skipped where the reference is missing."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from conftest import EXAMPLE_REPO, TEST_MODELS, ServerProcess, free_port, http_request, shm_segments
+
+ANCHORS = Path(os.environ.get("TRITONMP_ANCHORS", Path.home() / ".cache" / "tritonmp-anchors"))
+REFERENCE = ANCHORS / "bin" / "tritonserver-ref"
+ONES = np.ones((1, 3), np.float32)
+
+pytestmark = [pytest.mark.compat,
+              pytest.mark.skipif(not REFERENCE.exists(), reason=f"the reference server is not installed at {REFERENCE} "
+                                 "(run ../shared/anchors/setup.sh)")]
+
+
+class Reference:
+    def __init__(self, repo: Path, log_path: Path):
+        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.log_file = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [str(REFERENCE), "--model-repository", str(repo), "--model-control-mode=explicit", "--load-model=*",
+             "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+             "--metrics-port", str(self.metrics_port)],
+            stdout=self.log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        self.grpc_url = f"127.0.0.1:{self.grpc_port}"
+
+    def get(self, path):
+        return http_request(self.http_port, "GET", path)
+
+    def post(self, path, body=b""):
+        return http_request(self.http_port, "POST", path, body)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(tritonmp, reference) serving the same python-backend repository."""
+    repo = tmp_path_factory.mktemp("compat") / "repo"
+    shutil.copytree(EXAMPLE_REPO / "add_py", repo / "add_py")
+    shutil.copytree(TEST_MODELS / "batch_report", repo / "batch_report")
+    logs = tmp_path_factory.mktemp("compat-logs")
+    ours = ServerProcess([repo], ["--model-control-mode=explicit", "--load-model=*", "--allow-client-shm=true"],
+                         logs / "tritonmp.log")
+    ref = Reference(repo, logs / "triton.log")
+    try:
+        ours.wait_ready()
+        ours.wait_until(lambda: ref.get("/v2/health/ready")[0] == 200, timeout=120, what="the reference server")
+        yield ours, ref
+    finally:
+        ours.cleanup()
+        ref.proc.send_signal(signal.SIGTERM)
+        try:
+            ref.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(ref.proc.pid, signal.SIGKILL)
+            ref.proc.wait()
+        ref.log_file.close()
+        assert not shm_segments(ours.pid)
+
+
+def _shape(value):
+    """The structure of a JSON value: keys and element types, not the numbers."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shape(v) for v in value[:1]]
+    return type(value).__name__
+
+
+def _both(pair, method, path, body=b""):
+    ours, ref = pair
+    a = ours.get(path) if method == "GET" else ours.post(path, body)
+    b = ref.get(path) if method == "GET" else ref.post(path, body)
+    return (a[0], orjson.loads(a[2]) if a[2] else None), (b[0], orjson.loads(b[2]) if b[2] else None)
+
+
+def _add_body(**changes):
+    inputs = [{"name": "A", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]},
+              {"name": "B", "shape": [1, 3], "datatype": "FP32", "data": [4, 5, 6]}]
+    doc = {"inputs": inputs}
+    for key, value in changes.items():
+        if key == "a":
+            inputs[0].update(value)
+        elif key == "drop_b":
+            inputs.pop()
+        else:
+            doc[key] = value
+    return orjson.dumps(doc)
+
+
+def test_model_metadata_is_identical(pair):
+    for path in ("/v2/models/add_py", "/v2/models/add_py/versions/1", "/v2/models/batch_report"):
+        ours, ref = _both(pair, "GET", path)
+        assert ours == ref, path
+
+
+def test_model_config_is_identical(pair):
+    ours, ref = _both(pair, "GET", "/v2/models/add_py/config")
+    assert ours == ref
+
+
+def test_server_metadata_has_the_same_shape_and_no_extension_triton_lacks(pair):
+    (s1, ours), (s2, ref) = _both(pair, "GET", "/v2")
+    assert s1 == s2 == 200 and set(ours) == set(ref)
+    assert set(ours["extensions"]) <= set(ref["extensions"])
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v2/models/add_py/infer", _add_body(a={"datatype": "FP64"})),
+    ("/v2/models/add_py/infer", _add_body(a={"shape": [1, 4], "data": [1, 2, 3, 4]})),
+    ("/v2/models/add_py/infer", _add_body(drop_b=True)),
+    ("/v2/models/add_py/infer", _add_body(outputs=[{"name": "Q"}])),
+    ("/v2/models/add_py/infer", _add_body(a={"datatype": "FP3"})),
+    ("/v2/models/add_py/infer", _add_body(a={"shape": [3]})),
+    ("/v2/models/add_py/infer", _add_body(id="compat-1", a={"datatype": "INT8"})),
+    ("/v2/models/nope/infer", _add_body()),
+    ("/v2/models/add_py/versions/9/infer", _add_body()),
+    ("/v2/models/nope/stats", None),
+    ("/v2/models/add_py/versions/9/stats", None),
+    ("/v2/models/add_py/versions/9", None),
+    ("/v2/models/nope", None),
+    ("/v2/systemsharedmemory/region/none/status", None),
+])
+def test_errors_match(pair, path, body):
+    ours, ref = _both(pair, "GET" if body is None else "POST", path, body or b"")
+    assert ours == ref
+
+
+def test_successful_infer_is_identical(pair):
+    ours, ref = _both(pair, "POST", "/v2/models/add_py/infer", _add_body(id="same"))
+    assert ours == ref
+
+
+def test_statistics_have_the_same_shape(pair):
+    _both(pair, "POST", "/v2/models/add_py/infer", _add_body())
+    (s1, ours), (s2, ref) = _both(pair, "GET", "/v2/models/add_py/stats")
+    assert s1 == s2 == 200
+    assert _shape(ours) == _shape(ref)
+    (s1, ours), (s2, ref) = _both(pair, "GET", "/v2/models/stats")
+    assert _shape(ours) == _shape(ref)
+
+
+def test_repository_index_is_identical(pair):
+    ours, ref = _both(pair, "POST", "/v2/repository/index", b"{}")
+    assert ours == ref
+    ours, ref = _both(pair, "POST", "/v2/repository/index", b'{"ready": true}')
+    assert ours == ref
+
+
+def test_shared_memory_status_and_errors_match(pair):
+    handle = shm.create_shared_memory_region("compat", "/tritonmp-compat-test", 64)
+    try:
+        body = json.dumps({"key": "/tritonmp-compat-test", "offset": 0, "byte_size": 64}).encode()
+        assert _both(pair, "POST", "/v2/systemsharedmemory/region/compat/register", body) == ((200, None), (200, None))
+        ours, ref = _both(pair, "POST", "/v2/systemsharedmemory/region/compat/register", body)
+        assert ours == ref
+        ours, ref = _both(pair, "GET", "/v2/systemsharedmemory/status")
+        assert ours == ref
+        for bad in ({"key": "/tritonmp-no-such-key", "offset": 0, "byte_size": 8},
+                    {"key": "/tritonmp-compat-test", "offset": 0, "byte_size": 128}):
+            ours, ref = _both(pair, "POST", "/v2/systemsharedmemory/region/bad/register", json.dumps(bad).encode())
+            assert ours == ref
+        inputs = [{"name": n, "shape": [1, 3], "datatype": "FP32",
+                   "parameters": {"shared_memory_region": "compat", "shared_memory_byte_size": 12,
+                                  "shared_memory_offset": off}} for n, off in (("A", 0), ("B", 60))]
+        ours, ref = _both(pair, "POST", "/v2/models/add_py/infer", orjson.dumps({"inputs": inputs}))
+        assert ours == ref
+    finally:
+        _both(pair, "POST", "/v2/systemsharedmemory/unregister")
+        shm.destroy_shared_memory_region(handle)
+
+
+def _grpc_error(url, call):
+    try:
+        call(grpcclient.InferenceServerClient(url))
+    except InferenceServerException as e:
+        return e.status(), e.message()
+    return None
+
+
+@pytest.mark.parametrize("call", [
+    lambda c: c.get_model_metadata("nope"),
+    lambda c: c.get_model_config("nope"),
+    lambda c: c.get_model_metadata("add_py", "9"),
+    lambda c: c.get_inference_statistics("nope"),
+    lambda c: c.infer("nope", [grpcclient.InferInput("A", [1, 3], "FP32").set_data_from_numpy(ONES)]),
+    lambda c: c.get_system_shared_memory_status("none"),
+], ids=["metadata", "config", "version", "statistics", "infer", "shm-status"])
+def test_grpc_errors_match(pair, call):
+    ours, ref = pair
+    assert _grpc_error(ours.grpc_url, call) == _grpc_error(ref.grpc_url, call)
+
+
+def test_grpc_metadata_and_config_are_identical(pair):
+    ours, ref = (grpcclient.InferenceServerClient(s.grpc_url) for s in pair)
+    assert ours.get_model_metadata("add_py", as_json=True) == ref.get_model_metadata("add_py", as_json=True)
+    assert ours.get_model_config("add_py", as_json=True) == ref.get_model_config("add_py", as_json=True)
