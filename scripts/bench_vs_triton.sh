@@ -5,17 +5,17 @@
 #
 # Installs the reference tools (../shared/anchors/setup.sh), serves the same python-backend add
 # model (configs/model_repository/add_py) with tritonmp and with tritonserver-ref, and runs
-# perf_analyzer against each over HTTP (and gRPC where tritonmp serves it), at each concurrency,
+# perf_analyzer against each over HTTP and gRPC, at each concurrency,
 # alternating servers for ROUNDS rounds. Prints the medians and the ratio tritonmp / Triton.
-# Environment: ROUNDS (3), CONCURRENCY ("1 8"), PROTOCOLS ("http"), INTERVAL_MS (3000),
+# Environment: ROUNDS (3), CONCURRENCY ("1 8 32"), PROTOCOLS ("http grpc"), INTERVAL_MS (3000),
 # STABILITY (30: perf_analyzer's --stability-percentage; this machine class is noisy).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 anchors_dir=${ANCHORS_DIR:-$HOME/.cache/tritonmp-anchors}
 setup=${ANCHORS_SETUP:-$root/../shared/anchors/setup.sh}
 rounds=${ROUNDS:-3}
-concurrency=${CONCURRENCY:-"1 8"}
-protocols=${PROTOCOLS:-http}
+concurrency=${CONCURRENCY:-"1 8 32"}
+protocols=${PROTOCOLS:-"http grpc"}
 interval=${INTERVAL_MS:-3000}
 py=${PYTHON:-$root/.venv/bin/python}
 
@@ -40,8 +40,9 @@ wait_ready() {
   echo "server on port $1 did not become ready; its log:" >&2; cat "$2" >&2; exit 1
 }
 
-mp_http=$(free_port); ref_http=$(free_port); ref_grpc=$(free_port); ref_metrics=$(free_port)
-"$py" -m tritonmp --model-repository "$work/repo" --http-port "$mp_http" >"$work/tritonmp.log" 2>&1 &
+mp_http=$(free_port); mp_grpc=$(free_port); mp_metrics=$(free_port); ref_http=$(free_port); ref_grpc=$(free_port); ref_metrics=$(free_port)
+"$py" -m tritonmp --model-repository "$work/repo" --http-port "$mp_http" --grpc-port "$mp_grpc" \
+  --metrics-port "$mp_metrics" >"$work/tritonmp.log" 2>&1 &
 pids+=($!)
 "$anchors_dir/bin/tritonserver-ref" --model-repository "$work/repo" --http-port "$ref_http" \
   --grpc-port "$ref_grpc" --metrics-port "$ref_metrics" >"$work/triton.log" 2>&1 &
@@ -64,7 +65,7 @@ for r in $(seq "$rounds"); do
       for server in tritonmp triton; do
         if [ "$server" = tritonmp ]; then port=$mp_http; else port=$ref_http; fi
         if [ "$proto" = grpc ]; then
-          [ "$server" = triton ] && port=$ref_grpc || { echo "tritonmp serves no gRPC yet; skipping" >&2; continue; }
+          if [ "$server" = tritonmp ]; then port=$mp_grpc; else port=$ref_grpc; fi
         fi
         csv="$work/$server-$proto-$c-$r.csv"
         run_pa "$server" "$port" "$proto" "$c" "$csv" || continue

@@ -137,3 +137,20 @@ def test_unserved_rpcs_say_so(server):
         client.get_cuda_shared_memory_status()
     assert e.value.status() == "StatusCode.UNIMPLEMENTED"
     assert "not supported by this server yet" in e.value.message()
+
+
+def test_http_asyncio_client(server):
+    import tritonclient.http.aio as httpaio
+
+    async def main():
+        client = httpaio.InferenceServerClient(server.url)
+        try:
+            assert await client.is_server_ready()
+            a = np.ones((2, 3), np.float32)
+            results = await asyncio.gather(*(client.infer("add", _add_inputs(a * i, a, httpaio)) for i in range(16)))
+            for i, r in enumerate(results):
+                np.testing.assert_array_equal(r.as_numpy("C"), a * i + a)
+        finally:
+            await client.close()
+
+    asyncio.run(main())

@@ -41,6 +41,8 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-http", type=_bool, default=True)
     p.add_argument("--allow-grpc", type=_bool, default=True)
     p.add_argument("--allow-metrics", type=_bool, default=True)
+    p.add_argument("--trace-config", action="append", default=[], metavar="[triton,]KEY=VALUE",
+                   help="tracing: file=PATH, level=OFF|TIMESTAMPS, rate=N, count=N, log-frequency=N")
     p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="with --model-control-mode=explicit: a model to load at startup ('*' for all)")
@@ -107,6 +109,14 @@ def serve(argv: list[str]) -> int:
                             workers=args.workers, auto_complete=auto_complete,
                             arena_bytes=args.arena_mb << 20, log_verbose=args.log_verbose,
                             exit_timeout=args.exit_timeout_secs, gpus=visible_gpus())
+    from .errors import ServerError
+    from .tracing import Tracer, settings_from_flags
+
+    try:
+        tracer = Tracer(settings_from_flags(args.trace_config))
+    except ServerError as e:
+        log.error("%s", e)
+        return 1
     if args.load_model and args.model_control_mode != "explicit":
         log.error("--load-model needs --model-control-mode=explicit")
         return 1
@@ -119,7 +129,7 @@ def serve(argv: list[str]) -> int:
     async def main() -> int:
         server = Server(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs,
                         args.allow_client_shm, args.model_control_mode, args.load_model,
-                        args.repository_poll_secs, log_settings)
+                        args.repository_poll_secs, log_settings, tracer)
         return await server.run()
 
     try:

@@ -37,6 +37,7 @@ class InferRequest:
     shape_key: tuple = ()
     arrival_ns: int = 0
     future: asyncio.Future | None = None
+    trace: object = None  # a tracing.Trace when this request is sampled
 
 
 @dataclass(slots=True)

@@ -4,6 +4,7 @@ Validation, scheduling and errors live here once; frontends only decode and enco
 from __future__ import annotations
 
 import logging
+import time
 
 from . import config as cfg
 from .classification import class_count, classify
@@ -12,19 +13,23 @@ from .errors import invalid, unavailable
 from .log_settings import LogSettings
 from .model_manager import ModelManager
 from .shm_registry import SharedMemoryRegistry
+from .tracing import Tracer
 from .validation import check_request
 
 log = logging.getLogger("tritonmp.dataplane")
 
 # The Triton extensions this server really implements, as server metadata lists them.
 EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "parameters", "statistics",
-              "system_shared_memory", "model_repository", "model_repository(unload_dependents)", "logging"]
+              "system_shared_memory", "model_repository", "model_repository(unload_dependents)", "logging",
+              "trace"]
 
 
 class Dataplane:
     def __init__(self, models: ModelManager, strict_readiness: bool = True, allow_client_shm: bool = False,
-                 model_control: str = "none", log_settings: LogSettings | None = None):
+                 model_control: str = "none", log_settings: LogSettings | None = None,
+                 tracer: Tracer | None = None):
         self.models = models
+        self.tracer = tracer or Tracer()
         self.log_settings = log_settings or LogSettings()
         self.model_control = model_control
         self.shm = SharedMemoryRegistry(allow_client_shm)
@@ -102,8 +107,31 @@ class Dataplane:
         self._check_explicit()
         await self.models.unload(name)
 
+    def trace_settings(self, model: str = "") -> dict:
+        if model:
+            self.models.entry(model)
+        return self.tracer.settings(model)
+
+    def update_trace_settings(self, changes: dict, model: str = "") -> dict:
+        if model:
+            self.models.entry(model)
+        return self.tracer.update(changes, model)
+
     async def infer(self, request: InferRequest) -> InferResponse:
+        start_ns = time.monotonic_ns()
         mv = self.models.get(request.model_name, request.model_version)
+        trace = self.tracer.sample(mv.name, mv.version)
+        if trace is None:
+            return await self._infer(mv, request)
+        trace.mark("REQUEST_START", start_ns)
+        request.trace = trace
+        try:
+            return await self._infer(mv, request)
+        finally:
+            trace.mark("REQUEST_END")
+            self.tracer.finish(trace)
+
+    async def _infer(self, mv, request: InferRequest) -> InferResponse:
         uses_shm = False
         for t in request.inputs:
             ref = self.shm.resolve_parameters(t.parameters) if t.parameters else None
@@ -121,6 +149,8 @@ class Dataplane:
             # the frontend never touches client shm bytes, so it cannot merge them: batch alone
             request.shape_key += (("client shm", id(request)),)
         wanted = {o.name: class_count(o.parameters, o.name) for o in request.outputs or ()}
+        if request.trace is not None:
+            request.trace.mark("QUEUE_START")
         response = await mv.scheduler.submit(request)
         if any(wanted.values()):
             batched = mv.max_batch_size > 0

@@ -184,7 +184,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     CudaSharedMemoryStatus = _not_yet("CUDA shared memory")
     CudaSharedMemoryRegister = _not_yet("CUDA shared memory")
     CudaSharedMemoryUnregister = _not_yet("CUDA shared memory")
-    TraceSetting = _not_yet("trace settings")
+    @_errors_to_status
+    async def TraceSetting(self, request, context):
+        changes = {key: (list(v.value) or None) for key, v in request.settings.items()}
+        if changes:
+            settings = self.dp.update_trace_settings(changes, request.model_name)
+        else:
+            settings = self.dp.trace_settings(request.model_name)
+        response = pb.TraceSettingResponse()
+        for key, value in settings.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
     @_errors_to_status
     async def LogSettings(self, request, context):
         changes = {}

@@ -33,6 +33,10 @@ ROUTES = [
     (re.compile(_MODEL + r"/ready"), "GET", "model_ready"),
     (re.compile(_MODEL + r"/config"), "GET", "model_config"),
     (re.compile(_MODEL + r"/stats"), "GET", "model_stats"),
+    (re.compile(r"/v2/trace/setting"), "GET", "trace_get"),
+    (re.compile(r"/v2/trace/setting"), "POST", "trace_update"),
+    (re.compile(r"/v2/models/(?P<model>[^/]+)/trace/setting"), "GET", "trace_get"),
+    (re.compile(r"/v2/models/(?P<model>[^/]+)/trace/setting"), "POST", "trace_update"),
     (re.compile(r"/v2/logging"), "GET", "logging_get"),
     (re.compile(r"/v2/logging"), "POST", "logging_update"),
     (re.compile(r"/v2/repository/index"), "POST", "repository_index"),
@@ -45,8 +49,6 @@ ROUTES = [
 # Triton routes this server does not serve yet: answered 501 with the reason, never faked.
 NOT_YET = [
     (re.compile(r"/v2/cudasharedmemory(/.*)?"), "CUDA shared memory"),
-    (re.compile(r"(/v2/models/[^/]+(/versions/[^/]+)?)?/v2/trace/setting|" + _MODEL + r"/trace/setting"),
-     "trace settings"),
     (re.compile(_MODEL + r"/generate(_stream)?"), "the generate extension"),
 ]
 
@@ -157,6 +159,14 @@ class HttpApp:
 
     async def all_stats(self, receive, send) -> None:
         await _send(send, 200, orjson.dumps(self.dp.statistics("", "")))
+
+    # -- tracing -----------------------------------------------------------------------------
+    async def trace_get(self, receive, send, model: str = "") -> None:
+        await _send(send, 200, orjson.dumps(self.dp.trace_settings(model)))
+
+    async def trace_update(self, receive, send, model: str = "") -> None:
+        doc = await _json_body(receive)
+        await _send(send, 200, orjson.dumps(self.dp.update_trace_settings(doc, model)))
 
     # -- logging -----------------------------------------------------------------------------
     async def logging_get(self, receive, send) -> None:

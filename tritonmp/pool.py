@@ -237,6 +237,8 @@ class Instance:
         stats = self.pool.stats
         for request in batch:
             stats.queued(now - request.arrival_ns)
+            if request.trace is not None:
+                request.trace.mark("COMPUTE_START", now)
         header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arena)
         self.sent_ns = now
         self.encode_ns = time.monotonic_ns() - now
@@ -254,6 +256,12 @@ class Instance:
         if not result.error:
             pool.stats.executed(sum(r.batch_size for r in batch), len(batch), self.encode_ns + result.input_ns,
                                 result.infer_ns, result.output_ns + now - started)
+        for request in batch:
+            if request.trace is not None:
+                t = request.trace
+                t.mark("COMPUTE_INPUT_END", self.sent_ns + self.encode_ns + result.input_ns)
+                t.mark("COMPUTE_OUTPUT_START", now - (now - started) - result.output_ns)
+                t.mark("COMPUTE_END", now)
         for request, response in zip(batch, responses):
             failed = isinstance(response, ServerError)
             pool.stats.finished(not failed, request.batch_size, now - request.arrival_ns)

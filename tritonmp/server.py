@@ -19,6 +19,7 @@ from .dataplane import EXTENSIONS, Dataplane
 from .http_server import HttpApp
 from .log_settings import LogSettings
 from .model_manager import ModelManager, ServerOptions
+from .tracing import Tracer
 
 log = logging.getLogger("tritonmp.server")
 
@@ -66,7 +67,7 @@ class Server:
     def __init__(self, options: ServerOptions, endpoints: Endpoints, strict_readiness: bool = True,
                  exit_on_error: bool = True, exit_timeout: float = 30.0, allow_client_shm: bool = False,
                  model_control: str = "none", load_models: list[str] | None = None, poll_secs: float = 15.0,
-                 log_settings: LogSettings | None = None):
+                 log_settings: LogSettings | None = None, tracer: Tracer | None = None):
         self.options = options
         self.endpoints = endpoints
         self.strict_readiness = strict_readiness
@@ -77,6 +78,7 @@ class Server:
         self.load_models = load_models or []
         self.poll_secs = poll_secs
         self.log_settings = log_settings or LogSettings()
+        self.tracer = tracer or Tracer()
         self.stop_requested = asyncio.Event()
         self.signals = 0
         self.http: _Uvicorn | None = None
@@ -97,7 +99,7 @@ class Server:
             log.warning("removed %d shared-memory segments left by a server that is gone", len(removed))
         models = ModelManager(self.options)
         dataplane = Dataplane(models, self.strict_readiness, self.allow_client_shm, self.model_control,
-                              self.log_settings)
+                              self.log_settings, self.tracer)
         poller = None
         http = None
         http_task = None
@@ -151,5 +153,6 @@ class Server:
                 drains.append(http_task)
             await asyncio.gather(*drains, return_exceptions=True)
             await models.stop(deadline)
+            self.tracer.flush()
             log.info("server stopped")
         return code

@@ -1,0 +1,72 @@
+"""Trace settings (global and per model, HTTP and gRPC) and the TIMESTAMPS traces they produce."""
+
+import json
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+STAGES = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
+          "COMPUTE_END", "REQUEST_END"]
+
+
+def _infer(client, model="add", n=1):
+    a = np.ones((1, 3), np.float32)
+    inputs = [httpclient.InferInput("A", a.shape, "FP32"), httpclient.InferInput("B", a.shape, "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    for _ in range(n):
+        client.infer(model, inputs)
+
+
+def test_timestamps_traces_of_sampled_requests(start_server, example_repo, tmp_path):
+    trace_file = tmp_path / "trace.json"
+    server = start_server([example_repo], "--trace-config", f"triton,file={trace_file}",
+                          "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=2")
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.get_trace_settings() == {"trace_file": str(trace_file), "trace_level": ["TIMESTAMPS"],
+                                           "trace_rate": "2", "trace_count": "-1", "log_frequency": "0",
+                                           "trace_mode": "triton"}
+    _infer(client, n=6)
+    server.stop()
+    entries = json.loads(trace_file.read_text())
+    heads = [e for e in entries if "model_name" in e]
+    assert len(heads) == 3  # one request in two
+    assert all(h["model_name"] == "add" and h["model_version"] == 1 for h in heads)
+    for e in entries:
+        if "timestamps" in e:
+            names = [t["name"] for t in e["timestamps"]]
+            assert sorted(names) == sorted(STAGES)
+            ns = {t["name"]: t["ns"] for t in e["timestamps"]}
+            assert ns["REQUEST_START"] <= ns["QUEUE_START"] <= ns["COMPUTE_START"] <= ns["COMPUTE_END"] \
+                <= ns["REQUEST_END"]
+
+
+def test_per_model_settings_over_grpc_and_count(start_server, example_repo, tmp_path):
+    trace_file = tmp_path / "py.json"
+    server = start_server([example_repo])
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    settings = g.update_trace_settings("add_py", {"trace_file": str(trace_file), "trace_level": ["TIMESTAMPS"],
+                                                  "trace_rate": "1", "trace_count": "2"}, as_json=True)
+    assert settings["settings"]["trace_level"]["value"] == ["TIMESTAMPS"]
+    assert g.get_trace_settings(as_json=True)["settings"]["trace_level"]["value"] == ["OFF"]  # global unchanged
+    client = httpclient.InferenceServerClient(server.url)
+    _infer(client, "add_py", n=4)
+    _infer(client, "add", n=2)
+    server.stop()
+    entries = json.loads(trace_file.read_text())
+    assert [e["model_name"] for e in entries if "model_name" in e] == ["add_py", "add_py"]
+
+
+def test_bad_trace_settings_are_refused(start_server, example_repo):
+    server = start_server([example_repo])
+    client = httpclient.InferenceServerClient(server.url)
+    for settings, message in (({"trace_level": ["TENSORS"]}, "trace level 'TENSORS' is not supported"),
+                              ({"trace_rate": "0"}, "'trace_rate' must be a positive number"),
+                              ({"trace_colour": "red"}, "unknown trace setting 'trace_colour'")):
+        with pytest.raises(InferenceServerException, match=message):
+            client.update_trace_settings(settings=settings)
+    with pytest.raises(InferenceServerException, match="Request for unknown model: 'nope'"):
+        client.get_trace_settings("nope")

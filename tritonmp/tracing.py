@@ -1,0 +1,169 @@
+"""Triton's trace extension: settings (global and per model) and TIMESTAMPS traces of sampled
+requests, written to the trace file as Triton's JSON array of entries."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .errors import invalid
+
+log = logging.getLogger("tritonmp.trace")
+
+LEVELS = ("OFF", "TIMESTAMPS")
+DEFAULTS = {"trace_file": "", "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
+            "log_frequency": "0", "trace_mode": "triton"}
+
+
+@dataclass
+class Trace:
+    id: int
+    model: str
+    version: int
+    timestamps: list[tuple[str, int]] = field(default_factory=list)
+
+    def mark(self, name: str, ns: int | None = None) -> None:
+        self.timestamps.append((name, time.monotonic_ns() if ns is None else ns))
+
+
+def _check(settings: dict) -> dict:
+    """Triton's setting names and value forms; every value is a string or a list of strings."""
+    out = {}
+    for key, value in settings.items():
+        if key not in DEFAULTS:
+            raise invalid(f"unknown trace setting '{key}'; known: {', '.join(DEFAULTS)}")
+        if value is None:  # clear: back to the global value
+            out[key] = None
+            continue
+        values = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, str) for v in values):
+            raise invalid(f"trace setting '{key}' takes strings")
+        if key == "trace_level":
+            for v in values:
+                if v not in LEVELS:
+                    raise invalid(f"trace level '{v}' is not supported here; use one of: {', '.join(LEVELS)}")
+            out[key] = values
+            continue
+        if len(values) != 1:
+            raise invalid(f"trace setting '{key}' takes one value")
+        v = values[0]
+        if key in ("trace_rate", "log_frequency") and not (v.isdigit() and (key == "log_frequency" or int(v) > 0)):
+            raise invalid(f"trace setting '{key}' must be a {'positive' if key == 'trace_rate' else 'whole'} number")
+        if key == "trace_count" and not (v == "-1" or v.isdigit()):
+            raise invalid("trace setting 'trace_count' must be -1 (no limit) or a whole number")
+        if key == "trace_mode" and v != "triton":
+            raise invalid("trace_mode 'triton' is the only mode this server has")
+        out[key] = v
+    return out
+
+
+class Tracer:
+    def __init__(self, settings: dict | None = None):
+        self.global_settings = dict(DEFAULTS)
+        self.global_settings.update({k: v for k, v in _check(settings or {}).items() if v is not None})
+        self.model_settings: dict[str, dict] = {}
+        self._seen: dict[str, int] = {}  # requests seen per setting scope, for the rate
+        self._left: dict[str, int] = {}  # traces left per scope when trace_count is set
+        self._ids = itertools.count(1)
+        self._pending: dict[str, list[dict]] = {}  # trace file -> entries not yet written
+        self._files_written: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def settings(self, model: str = "") -> dict:
+        merged = dict(self.global_settings)
+        merged.update(self.model_settings.get(model, {}))
+        return merged
+
+    def update(self, changes: dict, model: str = "") -> dict:
+        checked = _check(changes)
+        self.flush()
+        if model:
+            scope = self.model_settings.setdefault(model, {})
+            for key, value in checked.items():
+                if value is None:
+                    scope.pop(key, None)
+                else:
+                    scope[key] = value
+        else:
+            for key, value in checked.items():
+                self.global_settings[key] = DEFAULTS[key] if value is None else value
+        self._seen.clear()
+        self._left.clear()
+        return self.settings(model)
+
+    def sample(self, model: str, version: int) -> Trace | None:
+        """A trace for this request when tracing is on for its model and the rate picks it."""
+        s = self.settings(model)
+        if "TIMESTAMPS" not in s["trace_level"] or not s["trace_file"]:
+            return None
+        scope = model if model in self.model_settings else ""
+        seen = self._seen.get(scope, 0)
+        self._seen[scope] = seen + 1
+        if seen % int(s["trace_rate"]):
+            return None
+        if s["trace_count"] != "-1":
+            left = self._left.setdefault(scope, int(s["trace_count"]))
+            if left <= 0:
+                return None
+            self._left[scope] = left - 1
+        return Trace(next(self._ids), model, version)
+
+    def finish(self, trace: Trace) -> None:
+        s = self.settings(trace.model)
+        entries = self._pending.setdefault(s["trace_file"], [])
+        entries.append({"id": trace.id, "model_name": trace.model, "model_version": trace.version})
+        entries.append({"id": trace.id, "timestamps": [{"name": n, "ns": ns} for n, ns in trace.timestamps]})
+        frequency = int(s["log_frequency"])
+        if frequency and len(entries) >= 2 * frequency:
+            self._write(s["trace_file"], numbered=True)
+
+    def _write(self, path: str, numbered: bool) -> None:
+        entries = self._pending.pop(path, [])
+        if not entries:
+            return
+        if numbered:
+            index = self._files_written.get(path, 0)
+            self._files_written[path] = index + 1
+            target = f"{path}.{index}"
+        else:
+            target = path
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+            with open(target, "w") as f:
+                json.dump(entries, f)
+        except OSError as e:
+            log.error("cannot write the trace file '%s': %s", target, e)
+
+    def flush(self) -> None:
+        """Write what is pending (settings change, shutdown)."""
+        for path in list(self._pending):
+            numbered = any(int(self.settings(m)["log_frequency"]) for m in [""] + list(self.model_settings))
+            self._write(path, numbered)
+
+
+def settings_from_flags(trace_config: list[str]) -> dict:
+    """--trace-config values (Triton's `[mode,]key=value`) as settings."""
+    names = {"file": "trace_file", "level": "trace_level", "rate": "trace_rate", "count": "trace_count",
+             "log-frequency": "log_frequency", "log_frequency": "log_frequency"}
+    settings: dict = {}
+    for item in trace_config:
+        text = item.split(",", 1)[1] if item.startswith("triton,") else item
+        key, sep, value = text.partition("=")
+        if not sep or key not in names:
+            raise invalid(f"--trace-config '{item}': expected [triton,]KEY=VALUE with KEY one of "
+                          f"{', '.join(sorted(set(names) - {'log_frequency'}))}")
+        name = names[key]
+        if name == "trace_level":
+            settings.setdefault("trace_level", [])
+            if value.upper() != "OFF":
+                settings["trace_level"].append(value.upper())
+            elif not settings["trace_level"]:
+                settings["trace_level"] = ["OFF"]
+        else:
+            settings[name] = value
+    return settings
