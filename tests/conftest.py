@@ -22,8 +22,8 @@ TEST_MODELS = Path(__file__).resolve().parent / "models"
 TRITONMP = [sys.executable, "-m", "tritonmp"]
 # The Triton extensions server metadata must list: exactly those really served.
 SERVED_EXTENSIONS = {"classification", "binary_tensor_data", "model_configuration", "parameters", "statistics",
-                     "system_shared_memory", "model_repository", "model_repository(unload_dependents)", "logging",
-                     "trace"}
+                     "system_shared_memory", "cuda_shared_memory", "model_repository",
+                     "model_repository(unload_dependents)", "logging", "trace"}
 
 sys.path.insert(0, str(ROOT / "scripts"))
 

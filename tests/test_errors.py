@@ -116,7 +116,7 @@ def test_wrong_method_and_unknown_route(server):
 
 
 def test_routes_not_served_yet_say_so(server):
-    status, _, raw = server.get("/v2/cudasharedmemory/status")
+    status, _, raw = server.post("/v2/models/add/generate", b"{}")
     assert status == 501
     assert "not supported" in orjson.loads(raw)["error"]
 

@@ -131,14 +131,6 @@ def test_asyncio_client(server):
     asyncio.run(main())
 
 
-def test_unserved_rpcs_say_so(server):
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    with pytest.raises(InferenceServerException) as e:
-        client.get_cuda_shared_memory_status()
-    assert e.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert "not supported by this server yet" in e.value.message()
-
-
 def test_http_asyncio_client(server):
     import tritonclient.http.aio as httpaio
 

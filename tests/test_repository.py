@@ -165,3 +165,21 @@ def test_poll_mode_follows_the_repository(start_server, example_repo, tmp_path):
     shutil.rmtree(repo / "add_py")
     server.wait_until(lambda: not client.is_model_ready("add_py"), what="the unload")
     assert client.is_model_ready("add")
+
+
+def test_a_model_that_fails_to_initialize_reports_why(start_server, tmp_path):
+    model = tmp_path / "repo" / "broken"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n    def initialize(self, args):\n        raise RuntimeError('no weights here')\n")
+    (model / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\ninput [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+    server = start_server([tmp_path / "repo"], "--model-control-mode=explicit")
+    client = httpclient.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException) as e:
+        client.load_model("broken")
+    assert "load failed for model 'broken': version 1 is at UNAVAILABLE state" in e.value.message()
+    assert "RuntimeError: no weights here" in e.value.message()
+    (row,) = client.get_model_repository_index()
+    assert row["state"] == "UNAVAILABLE" and "no weights here" in row["reason"]

@@ -45,7 +45,7 @@ def _requested(request: InferRequest) -> list[str]:
 
 def _shm_ref(name: str, datatype: str, shape: list[int], ref: ShmRef) -> transport.TensorRef:
     return transport.TensorRef(name, datatype, shape, offset=ref.offset, nbytes=ref.nbytes, shm_key=ref.key,
-                               shm_id=ref.region_id)
+                               shm_id=ref.region_id, cuda_handle=ref.raw_handle, cuda_device=ref.device_id)
 
 
 def _shm_outputs(request: InferRequest) -> list[transport.TensorRef]:
@@ -94,7 +94,7 @@ def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena) 
 
 
 def _buffer(ref: transport.TensorRef, frames, arena: Arena):
-    if ref.shm_key:
+    if ref.shm_key or ref.cuda_handle:
         return None  # the worker wrote it into the client's region
     if ref.frame >= 0:
         return frames[ref.frame]

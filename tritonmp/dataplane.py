@@ -20,8 +20,8 @@ log = logging.getLogger("tritonmp.dataplane")
 
 # The Triton extensions this server really implements, as server metadata lists them.
 EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "parameters", "statistics",
-              "system_shared_memory", "model_repository", "model_repository(unload_dependents)", "logging",
-              "trace"]
+              "system_shared_memory", "cuda_shared_memory", "model_repository",
+              "model_repository(unload_dependents)", "logging", "trace"]
 
 
 class Dataplane:
@@ -83,6 +83,9 @@ class Dataplane:
             else:
                 versions = [mv for _, mv in sorted(entry.versions.items())]
         return {"model_stats": [mv.pool.stats.to_json() for mv in versions]}
+
+    def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        self.shm.register_cuda(name, raw_handle, device_id, byte_size, self.models.options.gpus)
 
     # -- the repository API ------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict]:

@@ -49,13 +49,6 @@ def _errors_to_status(handler):
     return wrapped
 
 
-def _not_yet(what: str):
-    async def handler(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not supported by this server yet")
-
-    return handler
-
-
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dataplane: Dataplane, extensions: list[str]):
         self.dp = dataplane
@@ -181,9 +174,23 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             for task in list(pending):
                 task.cancel()
 
-    CudaSharedMemoryStatus = _not_yet("CUDA shared memory")
-    CudaSharedMemoryRegister = _not_yet("CUDA shared memory")
-    CudaSharedMemoryUnregister = _not_yet("CUDA shared memory")
+    @_errors_to_status
+    async def CudaSharedMemoryStatus(self, request, context):
+        response = pb.CudaSharedMemoryStatusResponse()
+        for r in self.dp.shm.status(request.name, "cuda"):
+            response.regions[r.name].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(
+                name=r.name, device_id=r.device_id, byte_size=r.byte_size))
+        return response
+
+    @_errors_to_status
+    async def CudaSharedMemoryRegister(self, request, context):
+        self.dp.register_cuda_shm(request.name, request.raw_handle, request.device_id, request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @_errors_to_status
+    async def CudaSharedMemoryUnregister(self, request, context):
+        self.dp.shm.unregister(request.name, "cuda")
+        return pb.CudaSharedMemoryUnregisterResponse()
     @_errors_to_status
     async def TraceSetting(self, request, context):
         changes = {key: (list(v.value) or None) for key, v in request.settings.items()}

@@ -42,13 +42,15 @@ ROUTES = [
     (re.compile(r"/v2/repository/index"), "POST", "repository_index"),
     (re.compile(r"/v2/repository/models/(?P<model>[^/]+)/load"), "POST", "repository_load"),
     (re.compile(r"/v2/repository/models/(?P<model>[^/]+)/unload"), "POST", "repository_unload"),
-    (re.compile(r"/v2/systemsharedmemory(?:/region/(?P<region>[^/]+))?/status"), "GET", "shm_status"),
-    (re.compile(r"/v2/systemsharedmemory/region/(?P<region>[^/]+)/register"), "POST", "shm_register"),
-    (re.compile(r"/v2/systemsharedmemory(?:/region/(?P<region>[^/]+))?/unregister"), "POST", "shm_unregister"),
+    (re.compile(r"/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<region>[^/]+))?/status"), "GET",
+     "shm_status"),
+    (re.compile(r"/v2/(?P<kind>system|cuda)sharedmemory/region/(?P<region>[^/]+)/register"), "POST",
+     "shm_register"),
+    (re.compile(r"/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<region>[^/]+))?/unregister"), "POST",
+     "shm_unregister"),
 ]
 # Triton routes this server does not serve yet: answered 501 with the reason, never faked.
 NOT_YET = [
-    (re.compile(r"/v2/cudasharedmemory(/.*)?"), "CUDA shared memory"),
     (re.compile(_MODEL + r"/generate(_stream)?"), "the generate extension"),
 ]
 
@@ -201,22 +203,37 @@ class HttpApp:
         await _send(send, 200, b"")
 
     # -- client shared memory ----------------------------------------------------------------
-    async def shm_status(self, receive, send, region: str | None) -> None:
-        regions = self.dp.shm.status(region or "")
-        doc = [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size} for r in regions]
+    async def shm_status(self, receive, send, kind: str, region: str | None) -> None:
+        regions = self.dp.shm.status(region or "", kind)
+        if kind == "system":
+            doc = [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size} for r in regions]
+        else:
+            doc = [{"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size} for r in regions]
         await _send(send, 200, orjson.dumps(doc))
 
-    async def shm_register(self, receive, send, region: str) -> None:
+    async def shm_register(self, receive, send, kind: str, region: str) -> None:
         doc = await _json_body(receive)
-        if not isinstance(doc.get("key"), str) \
-                or not isinstance(doc.get("byte_size"), int) or not isinstance(doc.get("offset", 0), int):
-            raise ServerError("a region registration needs 'key' (a string), 'byte_size' and 'offset' (integers)")
-        self.dp.shm.register(region, doc["key"], doc.get("offset", 0), doc["byte_size"])
+        if kind == "cuda":
+            handle = doc.get("raw_handle")
+            try:
+                raw = base64.b64decode(handle["b64"], validate=True)
+            except (TypeError, KeyError, binascii.Error, ValueError):
+                raise ServerError("a CUDA region registration needs 'raw_handle': {'b64': the cudaIpcMemHandle "
+                                  "in base64}") from None
+            if not isinstance(doc.get("device_id"), int) or not isinstance(doc.get("byte_size"), int):
+                raise ServerError("a CUDA region registration needs 'device_id' and 'byte_size' (integers)")
+            self.dp.register_cuda_shm(region, raw, doc["device_id"], doc["byte_size"])
+        else:
+            if not isinstance(doc.get("key"), str) \
+                    or not isinstance(doc.get("byte_size"), int) or not isinstance(doc.get("offset", 0), int):
+                raise ServerError("a region registration needs 'key' (a string), 'byte_size' and 'offset' "
+                                  "(integers)")
+            self.dp.shm.register(region, doc["key"], doc.get("offset", 0), doc["byte_size"])
         await _send(send, 200, b"", _TEXT)
 
-    async def shm_unregister(self, receive, send, region: str | None) -> None:
+    async def shm_unregister(self, receive, send, kind: str, region: str | None) -> None:
         await _read_body(receive)
-        self.dp.shm.unregister(region or "")
+        self.dp.shm.unregister(region or "", kind)
         await _send(send, 200, b"", _TEXT)
 
     # -- inference -------------------------------------------------------------------------

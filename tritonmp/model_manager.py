@@ -254,8 +254,8 @@ class ModelManager:
         await asyncio.gather(*(mv.load() for mv in new.values()))
         failed = [mv for mv in new.values() if mv.state != "READY"]
         if failed:
-            await asyncio.gather(*(mv.stop(time.monotonic() + 5) for mv in new.values()))
             reasons = "".join(f"version {mv.version} is at UNAVAILABLE state: {mv.reason};\n" for mv in failed)
+            await asyncio.gather(*(mv.stop(time.monotonic() + 5) for mv in new.values()))
             raise invalid(f"load failed for model '{name}': {reasons}")
         return new
 

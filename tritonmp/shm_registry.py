@@ -1,8 +1,11 @@
-"""Client system shared-memory regions: register, status, unregister, and bounds-checked lookups.
+"""Client shared-memory regions (system and CUDA): register, status, unregister, and
+bounds-checked lookups.
 
-The frontend only checks a region (its key exists, its window fits the segment); it never maps
-it. Workers map a region themselves and read inputs from it or write outputs into it, so tensor
-bytes that a client placed in shared memory never pass through the frontend.
+The frontend only checks a region (a system key exists and its window fits the segment; a CUDA
+handle has the right size and names a visible GPU); it never maps it. Workers map a region
+themselves and read inputs from it or write outputs into it, so tensor bytes that a client placed
+in shared memory never pass through the frontend. System and CUDA regions share one namespace of
+names, as in Triton.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import posix_ipc
 from .errors import ServerError, Status, invalid, not_found
 
 _ids = itertools.count(1)
+IPC_HANDLE_SIZE = 64
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,9 @@ class Region:
     offset: int
     byte_size: int
     id: int  # unique per registration, so a worker never reuses a mapping of a replaced region
+    kind: str = "system"  # or "cuda"
+    raw_handle: bytes = b""  # cuda: the client's cudaIpcMemHandle
+    device_id: int = -1  # cuda: the GPU holding the memory
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,8 @@ class ShmRef:
     offset: int  # from the start of the segment
     nbytes: int
     region_id: int
+    raw_handle: bytes = b""  # set for a CUDA region
+    device_id: int = -1
 
 
 def _segment_size(key: str) -> int:
@@ -69,19 +78,34 @@ class SharedMemoryRegistry:
             raise ServerError(f"Invalid shared memory region: '{key}'", Status.INTERNAL)
         self.regions[name] = Region(name, key, offset, byte_size, next(_ids))
 
-    def unregister(self, name: str = "") -> None:
-        """Forget one region (no error if unknown, as Triton), or all of them without a name."""
-        if name:
-            self.regions.pop(name, None)
-        else:
-            self.regions.clear()
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int,
+                      gpus: list[int]) -> None:
+        self._check_allowed()
+        if name in self.regions:
+            raise ServerError(f"shared memory region '{name}' already in manager", Status.ALREADY_EXISTS)
+        if len(raw_handle) != IPC_HANDLE_SIZE:
+            raise invalid(f"CUDA shared memory region '{name}': raw_handle holds {len(raw_handle)} bytes, a "
+                          f"cudaIpcMemHandle has {IPC_HANDLE_SIZE}")
+        if device_id not in gpus:
+            raise invalid(f"CUDA shared memory region '{name}': GPU {device_id} is not visible to this server "
+                          f"(visible: {gpus})")
+        if byte_size <= 0:
+            raise invalid(f"CUDA shared memory region '{name}' needs a byte_size > 0")
+        self.regions[name] = Region(name, "", 0, byte_size, next(_ids), "cuda", bytes(raw_handle), device_id)
 
-    def status(self, name: str = "") -> list[Region]:
+    def unregister(self, name: str = "", kind: str = "system") -> None:
+        """Forget one region of `kind` (no error if unknown, as Triton), or all of that kind."""
+        for key in ([name] if name else list(self.regions)):
+            region = self.regions.get(key)
+            if region is not None and region.kind == kind:
+                del self.regions[key]
+
+    def status(self, name: str = "", kind: str = "system") -> list[Region]:
         if not name:
-            return list(self.regions.values())
+            return [r for r in self.regions.values() if r.kind == kind]
         region = self.regions.get(name)
-        if region is None:
-            raise not_found(f"Unable to find system shared memory region: '{name}'")
+        if region is None or region.kind != kind:
+            raise not_found(f"Unable to find {kind} shared memory region: '{name}'")
         return [region]
 
     def resolve(self, name: str, offset: int, byte_size: int) -> ShmRef:
@@ -93,7 +117,8 @@ class SharedMemoryRegistry:
         if not isinstance(offset, int) or not isinstance(byte_size, int) or offset < 0 or byte_size < 0 \
                 or offset + byte_size > region.byte_size:
             raise invalid(f"Invalid offset + byte size for shared memory region: '{name}'")
-        return ShmRef(name, region.key, region.offset + offset, byte_size, region.id)
+        return ShmRef(name, region.key, region.offset + offset, byte_size, region.id, region.raw_handle,
+                      region.device_id)
 
     def resolve_parameters(self, params: dict) -> ShmRef | None:
         """The region window named by a tensor's shared_memory_* parameters, if it has them."""

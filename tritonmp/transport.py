@@ -34,6 +34,8 @@ class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True):
     nbytes: int = 0
     shm_key: str = ""  # set: the bytes lie in this client shared-memory segment at `offset`
     shm_id: int = 0  # the region's registration, so a replaced region is mapped afresh
+    cuda_handle: bytes = b""  # set: the bytes lie in a client CUDA region (cudaIpcMemHandle) at `offset`
+    cuda_device: int = -1
 
 
 class RequestHeader(msgspec.Struct, array_like=True, omit_defaults=True):

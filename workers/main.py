@@ -23,6 +23,7 @@ from tritonmp.arena import Arena
 
 from .backend import BackendError, WorkRequest, WorkTensor
 from .client_shm import ClientRegions
+from .cuda_shm import CudaRegions
 
 PR_SET_PDEATHSIG = 1
 
@@ -62,6 +63,7 @@ class Worker:
         self.out_arena = Arena(spec.out_arena, 0, create=False)
         self.backend = None
         self.client_regions = ClientRegions()
+        self.cuda_regions = CudaRegions(spec.device_id, spec.kind, spec.instance_name)
 
     def send(self, kind: bytes, header, frames=()) -> None:
         transport.send_message(self.sock, kind, transport.encode(header), frames)
@@ -84,7 +86,9 @@ class Worker:
         return True
 
     def decode_tensor(self, ref: transport.TensorRef, frames) -> WorkTensor:
-        if ref.shm_key:
+        if ref.cuda_handle:
+            buf = self.cuda_regions.read(ref.cuda_handle, ref.shm_id, ref.cuda_device, ref.offset, ref.nbytes)
+        elif ref.shm_key:
             buf = self.client_regions.view(ref.shm_key, ref.shm_id)[ref.offset:ref.offset + ref.nbytes]
         elif ref.frame >= 0:
             buf = frames[ref.frame]
@@ -106,10 +110,14 @@ class Worker:
             if nbytes > shm_dest.nbytes:
                 raise OutputError(f"shared memory size specified with the request for output '{t.name}' "
                                   f"({shm_dest.nbytes} bytes) should be at least {nbytes} bytes to hold the results")
-            view = self.client_regions.view(shm_dest.shm_key, shm_dest.shm_id)
-            if nbytes:
+            if shm_dest.cuda_handle:
+                self.cuda_regions.write(shm_dest.cuda_handle, shm_dest.shm_id, shm_dest.cuda_device,
+                                        shm_dest.offset, buf)
+            elif nbytes:
+                view = self.client_regions.view(shm_dest.shm_key, shm_dest.shm_id)
                 view[shm_dest.offset:shm_dest.offset + nbytes] = memoryview(buf).cast("B")
             ref.shm_key, ref.shm_id, ref.offset = shm_dest.shm_key, shm_dest.shm_id, shm_dest.offset
+            ref.cuda_handle, ref.cuda_device = shm_dest.cuda_handle, shm_dest.cuda_device
             return ref
         if nbytes >= transport.INLINE_LIMIT:
             offset = self.out_arena.alloc(nbytes)

@@ -1,0 +1,123 @@
+"""CUDA shared memory in the worker: open a client's cudaIpcMemHandle on this instance's GPU and
+copy tensor bytes between that device memory and the host.
+
+Uses the CUDA runtime's C API through ctypes (libcudart from the nvidia-cuda-runtime wheel of the
+`gpu` extra, or the system's), so it depends on no binding's Python API. Loaded only by workers
+that are handed a CUDA region; the frontend never loads CUDA.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+from collections import OrderedDict
+
+IPC_HANDLE_SIZE = 64
+_IPC_LAZY_ENABLE_PEER_ACCESS = 1
+_H2D, _D2H = 1, 2
+MAX_HANDLES = 32
+
+
+class _IpcHandle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * IPC_HANDLE_SIZE)]
+
+
+def _find_cudart() -> str:
+    explicit = os.environ.get("TRITONMP_CUDART")
+    if explicit:
+        return explicit
+    try:
+        import nvidia.cuda_runtime as wheel  # the nvidia-cuda-runtime-cu12 wheel
+
+        for base in wheel.__path__:
+            found = sorted(glob.glob(os.path.join(base, "lib", "libcudart.so*")))
+            if found:
+                return found[0]
+    except ImportError:
+        pass
+    name = ctypes.util.find_library("cudart")
+    if name:
+        return name
+    raise ValueError("the CUDA runtime (libcudart) is not installed; install tritonmp[gpu] to use CUDA "
+                     "shared memory")
+
+
+class CudaRuntime:
+    def __init__(self) -> None:
+        lib = ctypes.CDLL(_find_cudart())
+        self.lib = lib
+        lib.cudaIpcOpenMemHandle.argtypes = [ctypes.POINTER(ctypes.c_void_p), _IpcHandle, ctypes.c_uint]
+        lib.cudaIpcCloseMemHandle.argtypes = [ctypes.c_void_p]
+        lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        lib.cudaSetDevice.argtypes = [ctypes.c_int]
+        lib.cudaGetErrorString.restype = ctypes.c_char_p
+        self.check(lib.cudaSetDevice(0), "cudaSetDevice")  # the one GPU CUDA_VISIBLE_DEVICES leaves us
+
+    def check(self, code: int, what: str) -> None:
+        if code != 0:
+            raise ValueError(f"{what} failed: {self.lib.cudaGetErrorString(code).decode()} (CUDA error {code})")
+
+    def open(self, raw_handle: bytes) -> int:
+        handle = _IpcHandle()
+        handle.reserved = raw_handle
+        ptr = ctypes.c_void_p()
+        self.check(self.lib.cudaIpcOpenMemHandle(ctypes.byref(ptr), handle, _IPC_LAZY_ENABLE_PEER_ACCESS),
+                   "cudaIpcOpenMemHandle")
+        return ptr.value or 0
+
+    def close(self, ptr: int) -> None:
+        self.lib.cudaIpcCloseMemHandle(ctypes.c_void_p(ptr))
+
+    def to_host(self, ptr: int, nbytes: int) -> bytearray:
+        out = bytearray(nbytes)
+        if nbytes:
+            host = (ctypes.c_char * nbytes).from_buffer(out)
+            self.check(self.lib.cudaMemcpy(ctypes.addressof(host), ctypes.c_void_p(ptr), nbytes, _D2H),
+                       "cudaMemcpy (device to host)")
+        return out
+
+    def to_device(self, ptr: int, data) -> None:
+        view = memoryview(data).cast("B")
+        if not view.nbytes:
+            return
+        src = (ctypes.c_char * view.nbytes).from_buffer_copy(view) if view.readonly else \
+            (ctypes.c_char * view.nbytes).from_buffer(view)
+        self.check(self.lib.cudaMemcpy(ctypes.c_void_p(ptr), ctypes.addressof(src), view.nbytes, _H2D),
+                   "cudaMemcpy (host to device)")
+
+
+class CudaRegions:
+    """Opened client CUDA regions, by registration; opened once, closed when evicted."""
+
+    def __init__(self, device_id: int, kind: str, instance: str):
+        self.device_id = device_id
+        self.kind = kind
+        self.instance = instance
+        self.runtime: CudaRuntime | None = None
+        self.opened: OrderedDict[int, int] = OrderedDict()
+
+    def pointer(self, raw_handle: bytes, region_id: int, device_id: int) -> int:
+        if self.kind != "GPU" or device_id != self.device_id:
+            where = f"GPU {self.device_id}" if self.kind == "GPU" else "the CPU"
+            raise ValueError(f"CUDA shared memory on GPU {device_id} cannot be used by model instance "
+                             f"'{self.instance}', which runs on {where}")
+        if self.runtime is None:
+            self.runtime = CudaRuntime()
+        ptr = self.opened.get(region_id)
+        if ptr is None:
+            ptr = self.runtime.open(raw_handle)
+            self.opened[region_id] = ptr
+            while len(self.opened) > MAX_HANDLES:
+                _, old = self.opened.popitem(last=False)
+                self.runtime.close(old)
+        return ptr
+
+    def read(self, raw_handle: bytes, region_id: int, device_id: int, offset: int, nbytes: int) -> bytearray:
+        ptr = self.pointer(raw_handle, region_id, device_id)
+        return self.runtime.to_host(ptr + offset, nbytes)
+
+    def write(self, raw_handle: bytes, region_id: int, device_id: int, offset: int, data) -> None:
+        ptr = self.pointer(raw_handle, region_id, device_id)
+        self.runtime.to_device(ptr + offset, data)
