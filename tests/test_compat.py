@@ -208,3 +208,20 @@ def test_grpc_metadata_and_config_are_identical(pair):
     ours, ref = (grpcclient.InferenceServerClient(s.grpc_url) for s in pair)
     assert ours.get_model_metadata("add_py", as_json=True) == ref.get_model_metadata("add_py", as_json=True)
     assert ours.get_model_config("add_py", as_json=True) == ref.get_model_config("add_py", as_json=True)
+
+
+def _families(port):
+    status, _, body = http_request(port, "GET", "/metrics")
+    assert status == 200
+    helps, samples = set(), set()
+    for line in body.decode().splitlines():
+        if line.startswith("# ") and "nv_inference" in line:
+            helps.add(line)
+        elif line.startswith("nv_inference") and 'model="add_py"' in line:
+            samples.add(line.rsplit(" ", 1)[0])
+    return helps, samples
+
+
+def test_inference_metrics_have_tritons_names_help_and_labels(pair):
+    ours, ref = pair
+    assert _families(ours.metrics_port) == _families(ref.metrics_port)

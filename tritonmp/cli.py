@@ -41,6 +41,9 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-http", type=_bool, default=True)
     p.add_argument("--allow-grpc", type=_bool, default=True)
     p.add_argument("--allow-metrics", type=_bool, default=True)
+    p.add_argument("--allow-gpu-metrics", type=_bool, default=True)
+    p.add_argument("--allow-cpu-metrics", type=_bool, default=True)
+    p.add_argument("--metrics-interval-ms", type=float, default=2000.0)
     p.add_argument("--trace-config", action="append", default=[], metavar="[triton,]KEY=VALUE",
                    help="tracing: file=PATH, level=OFF|TIMESTAMPS, rate=N, count=N, log-frequency=N")
     p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
@@ -121,10 +124,8 @@ def serve(argv: list[str]) -> int:
         log.error("--load-model needs --model-control-mode=explicit")
         return 1
     endpoints = Endpoints(args.http_address, args.http_port, args.allow_http, args.grpc_address, args.grpc_port,
-                          args.allow_grpc, tls)
-    if args.allow_metrics:
-        log.warning("metrics are not served by this version yet; --metrics-port %d is not opened",
-                    args.metrics_port)
+                          args.allow_grpc, tls, args.metrics_address, args.metrics_port, args.allow_metrics,
+                          args.allow_cpu_metrics, args.allow_gpu_metrics, max(0.1, args.metrics_interval_ms / 1000))
 
     async def main() -> int:
         server = Server(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs,

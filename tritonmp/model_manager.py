@@ -45,6 +45,7 @@ class ModelVersion:
         self.backend = completed.backend
         self.state = "LOADING"
         self.reason = ""
+        self.load_seconds = 0.0
         c = completed.config
         self.max_batch_size = c.max_batch_size
         self.inputs = {t.name: TensorConfig(t.name, cfg.tensor_datatype(t), tuple(t.dims), t.optional)
@@ -70,8 +71,8 @@ class ModelVersion:
             log.error("failed to load '%s' version %d: %s", self.name, self.version, e)
             return
         self.state, self.reason = "READY", ""
-        log.info("successfully loaded '%s' version %d in %.2fs", self.name, self.version,
-                 time.monotonic() - started)
+        self.load_seconds = time.monotonic() - started
+        log.info("successfully loaded '%s' version %d in %.2fs", self.name, self.version, self.load_seconds)
 
     async def retire(self, timeout: float) -> None:
         """Finish what is queued and in flight (no new requests reach a retired version), then stop."""

@@ -18,6 +18,7 @@ from . import grpc_server as grpc_frontend
 from .dataplane import EXTENSIONS, Dataplane
 from .http_server import HttpApp
 from .log_settings import LogSettings
+from .metrics import MetricsApp, SystemSampler
 from .model_manager import ModelManager, ServerOptions
 from .tracing import Tracer
 
@@ -33,6 +34,12 @@ class Endpoints:
     grpc_port: int = 8001
     allow_grpc: bool = True
     grpc_tls: dict | None = None  # server_cert, server_key, root_cert, mutual
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int = 8002
+    allow_metrics: bool = True
+    allow_cpu_metrics: bool = True
+    allow_gpu_metrics: bool = True
+    metrics_interval: float = 2.0
 
 
 class _Uvicorn(uvicorn.Server):
@@ -104,6 +111,7 @@ class Server:
         http = None
         http_task = None
         grpc_server = None
+        metrics_server = metrics_task = sampler_task = None
         code = 0
         try:
             if self.endpoints.allow_http:
@@ -117,6 +125,16 @@ class Server:
                 http = self.http = _Uvicorn(config)
                 http_task = loop.create_task(http.serve(sockets=[sock]))
                 log.info("Started HTTPService at %s:%d", self.endpoints.http_address, self.endpoints.http_port)
+            if self.endpoints.allow_metrics:
+                ep = self.endpoints
+                system = SystemSampler(ep.allow_cpu_metrics, ep.allow_gpu_metrics, self.options.gpus)
+                sampler_task = loop.create_task(system.run(ep.metrics_interval))
+                config = uvicorn.Config(MetricsApp(models, system), loop="none", http="httptools", lifespan="off",
+                                        access_log=False, log_level="warning")
+                sock = socket.create_server((ep.metrics_address, ep.metrics_port), backlog=128)
+                metrics_server = _Uvicorn(config)
+                metrics_task = loop.create_task(metrics_server.serve(sockets=[sock]))
+                log.info("Started Metrics Service at %s:%d", ep.metrics_address, ep.metrics_port)
             if self.endpoints.allow_grpc:
                 grpc_server = await grpc_frontend.start(dataplane, EXTENSIONS, self.endpoints.grpc_address,
                                                         self.endpoints.grpc_port, self.endpoints.grpc_tls)
@@ -146,6 +164,11 @@ class Server:
                 poller.cancel()
             deadline = time.monotonic() + self.exit_timeout
             drains = []
+            if sampler_task is not None:
+                sampler_task.cancel()
+            if metrics_server is not None:
+                metrics_server.should_exit = True
+                drains.append(metrics_task)
             if grpc_server is not None:
                 drains.append(grpc_server.stop(max(0.0, deadline - time.monotonic())))
             if http is not None:

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import time
 
+# upper bounds (microseconds) of the request duration histogram's buckets
+LATENCY_BUCKETS_US = (100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000,
+                      2500000, 5000000)
+
 
 class ModelStats:
     """Counters of one model version. Durations are nanoseconds, as Triton reports them."""
@@ -20,6 +24,8 @@ class ModelStats:
         self.counts = dict.fromkeys(self.KINDS, 0)
         self.ns = dict.fromkeys(self.KINDS, 0)
         self.batches: dict[int, list[int]] = {}  # batch size -> [count, input ns, infer ns, output ns]
+        self.failures: dict[str, int] = {}  # failure reason -> count
+        self.latency_buckets = [0] * (len(LATENCY_BUCKETS_US) + 1)  # request duration histogram, +Inf last
 
     def _add(self, kind: str, ns: int, count: int = 1) -> None:
         self.counts[kind] += count
@@ -41,12 +47,22 @@ class ModelStats:
         entry[2] += infer_ns
         entry[3] += output_ns
 
-    def finished(self, ok: bool, batch_size: int, duration_ns: int) -> None:
+    def finished(self, ok: bool, batch_size: int, duration_ns: int, reason: str = "BACKEND") -> None:
+        """A request that reached the queue is done; `reason` says why it failed (Triton's labels:
+        REJECTED, CANCELED, BACKEND, OTHER)."""
         if ok:
             self._add("success", duration_ns)
             self.inference_count += batch_size
         else:
             self._add("fail", duration_ns)
+            self.failures[reason] = self.failures.get(reason, 0) + 1
+        us = duration_ns / 1000
+        for i, bound in enumerate(LATENCY_BUCKETS_US):
+            if us <= bound:
+                self.latency_buckets[i] += 1
+                break
+        else:
+            self.latency_buckets[-1] += 1
 
     def to_json(self) -> dict:
         def d(count, ns):

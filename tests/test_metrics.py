@@ -1,0 +1,98 @@
+"""The Prometheus endpoint: Triton's metric names and labels, and tritonmp's extras, moving under
+traffic, crashes and failures."""
+
+import http.client
+import re
+
+import orjson
+import pytest
+
+from conftest import http_request
+
+
+def _scrape(server) -> dict[str, float]:
+    status, headers, body = http_request(server.metrics_port, "GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    samples = {}
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            samples[key] = float(value)
+    return samples
+
+
+def _x(value, rows=1):
+    return orjson.dumps({"inputs": [{"name": "X", "shape": [rows, 4], "datatype": "FP32", "data": [value] * 4 * rows}]})
+
+
+def test_every_triton_metric_is_present_and_moves(server):
+    before = _scrape(server)
+    for rows in (1, 2, 3):
+        assert server.post("/v2/models/batch_report/infer", _x(1.0, rows))[0] == 200
+    after = _scrape(server)
+    labels = '{model="batch_report",version="1"}'
+    assert after["nv_inference_request_success" + labels] == before["nv_inference_request_success" + labels] + 3
+    assert after["nv_inference_count" + labels] == before["nv_inference_count" + labels] + 6
+    assert after["nv_inference_exec_count" + labels] >= before["nv_inference_exec_count" + labels] + 1
+    for name in ("request", "queue", "compute_input", "compute_infer", "compute_output"):
+        key = f"nv_inference_{name}_duration_us" + labels
+        assert after[key] > before[key], name
+    assert after["nv_inference_pending_request_count" + labels] == 0
+    for reason in ("OTHER", "BACKEND", "CANCELED", "REJECTED"):
+        assert f'nv_inference_request_failure{{model="batch_report",reason="{reason}",version="1"}}' in after
+    assert 0.0 <= after["nv_cpu_utilization"] <= 1.0
+    assert after["nv_cpu_memory_total_bytes"] >= after["nv_cpu_memory_used_bytes"] > 0
+
+
+def test_histograms_and_extras(server):
+    before = _scrape(server)
+    assert server.post("/v2/models/batch_report/infer", _x(2.0, rows=3))[0] == 200
+    after = _scrape(server)
+    labels = 'model="batch_report",version="1"'
+    assert after[f"tritonmp_batch_size_count{{{labels}}}"] >= before[f"tritonmp_batch_size_count{{{labels}}}"] + 1
+    assert after[f'tritonmp_batch_size_bucket{{le="+Inf",{labels}}}'] == after[f"tritonmp_batch_size_count{{{labels}}}"]
+    count = after[f"tritonmp_request_duration_us_count{{{labels}}}"]
+    assert count == before[f"tritonmp_request_duration_us_count{{{labels}}}"] + 1
+    buckets = [v for k, v in after.items() if k.startswith("tritonmp_request_duration_us_bucket") and labels in k]
+    assert buckets == sorted(buckets)  # cumulative
+    assert after[f"tritonmp_queue_depth{{{labels}}}"] == 0
+    assert after[f"tritonmp_inflight_requests{{{labels}}}"] == 0
+    assert after[f"tritonmp_model_load_duration_seconds{{{labels}}}"] > 0
+
+
+def test_failures_and_restarts_are_counted(server):
+    before = _scrape(server)
+    assert server.post("/v2/models/fail/infer", orjson.dumps(
+        {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [0]}]}))[0] == 500
+    assert server.post("/v2/models/crash/infer", orjson.dumps(
+        {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [-1]}]}))[0] == 500
+    assert server.post("/v2/models/crash/infer", orjson.dumps(
+        {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]}))[0] == 200
+    after = _scrape(server)
+    key = 'nv_inference_request_failure{model="fail",reason="BACKEND",version="1"}'
+    assert after[key] == before[key] + 1
+    key = 'tritonmp_worker_restarts_total{model="crash",version="1"}'
+    assert after[key] == before[key] + 1
+
+
+def test_only_metrics_is_served_there(server):
+    assert http_request(server.metrics_port, "GET", "/v2/health/live")[0] == 404
+
+
+def test_metrics_can_be_turned_off(start_server, example_repo):
+    server = start_server([example_repo], "--allow-cpu-metrics=false")
+    samples = _scrape(server)
+    assert not any(k.startswith("nv_cpu_") for k in samples)
+    assert any(k.startswith("nv_inference_count") for k in samples)
+    off = start_server([example_repo], "--allow-metrics=false")
+    with pytest.raises(OSError):
+        conn = http.client.HTTPConnection("127.0.0.1", off.metrics_port, timeout=5)
+        conn.request("GET", "/metrics")
+        conn.getresponse()
+
+
+def test_metric_names_follow_prometheus_rules(server):
+    status, _, body = http_request(server.metrics_port, "GET", "/metrics")
+    for line in body.decode().splitlines():
+        if line.startswith("# TYPE"):
+            assert re.fullmatch(r"# TYPE [a-zA-Z_:][a-zA-Z0-9_:]* (counter|gauge|histogram)", line), line
