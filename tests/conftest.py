@@ -45,6 +45,18 @@ def http_request(port: int, method: str, path: str, body: bytes | None = None, h
         conn.close()
 
 
+def scrape_metrics(server) -> dict[str, float]:
+    """The server's /metrics as {'name{labels}': value}."""
+    status, headers, body = http_request(server.metrics_port, "GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    samples = {}
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            samples[key] = float(value)
+    return samples
+
+
 def shm_segments(pid: int) -> list[str]:
     return glob.glob(f"/dev/shm/tritonmp-{pid}-*")
 

@@ -8,17 +8,7 @@ import orjson
 import pytest
 
 from conftest import http_request
-
-
-def _scrape(server) -> dict[str, float]:
-    status, headers, body = http_request(server.metrics_port, "GET", "/metrics")
-    assert status == 200 and headers["content-type"].startswith("text/plain")
-    samples = {}
-    for line in body.decode().splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            samples[key] = float(value)
-    return samples
+from conftest import scrape_metrics as _scrape
 
 
 def _x(value, rows=1):

@@ -235,6 +235,15 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
         if config.max_batch_size == 0:
             problems.append(ConfigProblem(path, "dynamic_batching", "needs max_batch_size > 0; set "
                                           "max_batch_size or remove dynamic_batching"))
+        if db.priority_levels and not 1 <= db.default_priority_level <= db.priority_levels:
+            problems.append(ConfigProblem(path, "dynamic_batching.default_priority_level",
+                                          f"{db.default_priority_level} must lie between 1 and priority_levels "
+                                          f"({db.priority_levels})"))
+        for level in db.priority_queue_policy:
+            if not 1 <= level <= db.priority_levels:
+                problems.append(ConfigProblem(path, "dynamic_batching.priority_queue_policy",
+                                              f"level {level} is not one of the priority levels 1 to "
+                                              f"{db.priority_levels}"))
         for size in db.preferred_batch_size:
             if size < 1 or (config.max_batch_size and size > config.max_batch_size):
                 problems.append(ConfigProblem(path, "dynamic_batching.preferred_batch_size",

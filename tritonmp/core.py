@@ -38,6 +38,9 @@ class InferRequest:
     arrival_ns: int = 0
     future: asyncio.Future | None = None
     trace: object = None  # a tracing.Trace when this request is sampled
+    priority: int = 0  # the scheduler's priority level
+    deadline_ns: int = 0  # when its queue timeout runs out (0: never)
+    delayed: bool = False  # its timeout ran out under timeout_action DELAY
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ from .classification import read_labels
 from .config import ConfigProblem
 from .errors import ServerError, internal, invalid, not_found, unavailable
 from .pool import InstancePool, InstanceSpec, LoadError
-from .scheduler import BatchPolicy, Scheduler
+from .scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
 from .validation import TensorConfig
 
 log = logging.getLogger("tritonmp.models")
@@ -60,7 +60,8 @@ class ModelVersion:
         policy = BatchPolicy(c.max_batch_size, db is not None,
                              list(db.preferred_batch_size) if db else [],
                              (db.max_queue_delay_microseconds if db else 0) * 1000)
-        self.scheduler = Scheduler(self.pool, policy)
+        self.scheduler = Scheduler(self.pool, policy, priorities=priorities_of(c),
+                                   preserve_ordering=bool(db and db.preserve_ordering))
 
     async def load(self) -> None:
         started = time.monotonic()
@@ -102,6 +103,21 @@ class ModelEntry:
     unloaded: list[int] = field(default_factory=list)  # versions shown as UNAVAILABLE / unloaded
     files_dir: str = ""  # a private directory holding files sent with a load request
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _queue_policy(p) -> QueuePolicy:
+    return QueuePolicy(p.max_queue_size, p.timeout_action == mc.ModelQueuePolicy.DELAY,
+                       p.default_timeout_microseconds, p.allow_timeout_override)
+
+
+def priorities_of(config: mc.ModelConfig) -> Priorities:
+    """The dynamic batcher's priority levels and queue policies."""
+    if not config.HasField("dynamic_batching"):
+        return Priorities()
+    db = config.dynamic_batching
+    default = _queue_policy(db.default_queue_policy) if db.HasField("default_queue_policy") else QueuePolicy()
+    return Priorities(db.priority_levels, db.default_priority_level, default,
+                      {level: _queue_policy(p) for level, p in db.priority_queue_policy.items()})
 
 
 def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int]) -> list[InstanceSpec]:

@@ -11,8 +11,10 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from .core import InferRequest
+from .errors import invalid, unavailable
 from .pool import InstancePool
 
 
@@ -62,25 +64,152 @@ class BatchPolicy:
         return [queue.popleft() for _ in range(n)], None
 
 
+@dataclass(frozen=True)
+class QueuePolicy:
+    """One priority level's queue policy (Triton's ModelQueuePolicy)."""
+
+    max_queue_size: int = 0  # 0: unbounded
+    delay_on_timeout: bool = False  # timeout_action DELAY (else REJECT)
+    default_timeout_us: int = 0  # 0: no timeout
+    allow_timeout_override: bool = False
+
+
+@dataclass(frozen=True)
+class Priorities:
+    """Priority levels of a model: level 1 is the highest; 0 means one level only."""
+
+    levels: int = 0
+    default_level: int = 0
+    default_policy: QueuePolicy = QueuePolicy()
+    policies: dict = field(default_factory=dict)  # level -> QueuePolicy
+
+    def policy(self, level: int) -> QueuePolicy:
+        return self.policies.get(level, self.default_policy)
+
+
+def _transfer(source: asyncio.Future, target: asyncio.Future) -> None:
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif source.exception() is not None:
+        target.set_exception(source.exception())
+    else:
+        target.set_result(source.result())
+
+
 class Scheduler:
-    def __init__(self, pool: InstancePool, policy: BatchPolicy, clock: Callable[[], int] = time.monotonic_ns):
+    """The queue of one model version, ordered by priority level then arrival, with Triton's queue
+    policies (size limits, timeouts that reject or delay), and optional response ordering."""
+
+    def __init__(self, pool: InstancePool, policy: BatchPolicy, clock: Callable[[], int] = time.monotonic_ns,
+                 priorities: Priorities | None = None, preserve_ordering: bool = False):
         self.pool = pool
         self.policy = policy
         self.clock = clock
+        self.priorities = priorities or Priorities()
+        self.preserve_ordering = preserve_ordering
         self.queue: deque[InferRequest] = deque()
+        self._per_level: dict[int, int] = {}
+        self._timed = 0  # queued requests that carry a deadline
+        self._last_ordered: asyncio.Future | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._drain_waiters: list[asyncio.Future] = []
         pool.on_idle = self.pump
         pool.on_down = self.fail_all
 
+    def _level(self, request: InferRequest) -> int:
+        p = self.priorities
+        level = request.parameters.get("priority", 0) if request.parameters else 0
+        if isinstance(level, bool) or not isinstance(level, int) or level < 0:
+            raise invalid(f"priority must be a non-negative integer, got {level!r}")
+        if p.levels == 0:
+            return 0
+        level = level or p.default_level
+        if level > p.levels:
+            raise invalid(f"[request id: {request.id or '<id_unknown>'}] priority level {level} is out of range: model "
+                          f"'{self.pool.model_name}' has priority levels 1 to {p.levels}")
+        return level
+
     def submit(self, request: InferRequest) -> asyncio.Future:
+        """Queue a request; raises UNAVAILABLE at once when its priority level's queue is full."""
         loop = asyncio.get_running_loop()
-        request.arrival_ns = self.clock()
+        level = self._level(request)
+        policy = self.priorities.policy(level)
+        now = self.clock()
+        request.arrival_ns = now
+        if policy.max_queue_size and self._per_level.get(level, 0) >= policy.max_queue_size:
+            self.pool.stats.finished(False, request.batch_size, 0, reason="REJECTED")
+            raise unavailable("Exceeds maximum queue size")
+        timeout_us = policy.default_timeout_us
+        if policy.allow_timeout_override and request.parameters:
+            override = request.parameters.get("timeout", 0)
+            if isinstance(override, int) and not isinstance(override, bool) and override > 0:
+                timeout_us = override
+        request.priority = level
+        request.deadline_ns = now + timeout_us * 1000 if timeout_us else 0
+        request.delayed = False
         request.future = loop.create_future()
-        self.queue.append(request)
+        self._insert(request)
         self.pump()
-        return request.future
+        if not self.preserve_ordering:
+            return request.future
+        # responses leave in arrival order: each waits for the one before it
+        outer = loop.create_future()
+        previous, self._last_ordered = self._last_ordered, outer
+
+        def relay(inner: asyncio.Future) -> None:
+            if previous is None or previous.done():
+                _transfer(inner, outer)
+            else:
+                previous.add_done_callback(lambda _: _transfer(inner, outer))
+
+        request.future.add_done_callback(relay)
+        return outer
+
+    def _insert(self, request: InferRequest) -> None:
+        self._per_level[request.priority] = self._per_level.get(request.priority, 0) + 1
+        if request.deadline_ns:
+            self._timed += 1
+        queue = self.queue
+        i = len(queue)
+        # after every request of the same or a higher level (lower number), before delayed ones
+        while i > 0 and (queue[i - 1].delayed or queue[i - 1].priority > request.priority):
+            i -= 1
+        if i == len(queue):
+            queue.append(request)
+        else:
+            queue.insert(i, request)
+
+    def _removed(self, request: InferRequest) -> None:
+        self._per_level[request.priority] -= 1
+        if request.deadline_ns and not request.delayed:
+            self._timed -= 1
+
+    def _expire(self, now: int) -> int | None:
+        """Reject or delay requests whose queue timeout has passed; the next deadline, if any."""
+        if not self._timed:
+            return None
+        keep, delayed, next_deadline = deque(), [], None
+        for request in self.queue:
+            if request.deadline_ns and not request.delayed and now >= request.deadline_ns:
+                if self.priorities.policy(request.priority).delay_on_timeout:
+                    self._timed -= 1
+                    request.delayed = True
+                    delayed.append(request)
+                else:
+                    self._removed(request)
+                    self.pool.stats.finished(False, request.batch_size, now - request.arrival_ns, reason="REJECTED")
+                    if not request.future.done():
+                        request.future.set_exception(unavailable("Request timeout expired"))
+                continue
+            if request.deadline_ns and not request.delayed:
+                next_deadline = min(next_deadline or request.deadline_ns, request.deadline_ns)
+            (delayed if request.delayed else keep).append(request)
+        keep.extend(delayed)
+        self.queue = keep
+        return next_deadline
 
     def busy(self) -> bool:
         return bool(self.queue) or any(i.batch is not None for i in self.pool.instances)
@@ -93,22 +222,27 @@ class Scheduler:
             await waiter
 
     def pump(self) -> None:
-        """Hand batches to idle instances while there are both."""
+        """Expire timed-out requests, then hand batches to idle instances while there are both."""
         if self._drain_waiters and not self.busy():
             waiters, self._drain_waiters = self._drain_waiters, []
             for w in waiters:
                 if not w.done():
                     w.set_result(None)
+        next_deadline = self._expire(self.clock())
+        if next_deadline is not None:
+            self._arm(next_deadline)
         idle = self.pool.idle
         while idle and self.queue:
             # drop requests whose client has gone away (cancelled futures)
             while self.queue and self.queue[0].future.done():
-                self.queue.popleft()
+                self._removed(self.queue.popleft())
             batch, deadline = self.policy.take(self.queue, self.clock())
             if batch is None:
                 if deadline is not None:
                     self._arm(deadline)
                 return
+            for request in batch:
+                self._removed(request)
             idle.popleft().run(batch)
 
     def _arm(self, deadline_ns: int) -> None:
@@ -128,5 +262,6 @@ class Scheduler:
     def fail_all(self, error: Exception) -> None:
         while self.queue:
             request = self.queue.popleft()
+            self._removed(request)
             if not request.future.done():
                 request.future.set_exception(error)
