@@ -13,7 +13,7 @@ from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
-from . import datatypes, onnx_graph
+from . import datatypes, onnx_graph, warmup
 
 ModelConfig = mc.ModelConfig
 
@@ -186,6 +186,7 @@ def check_all(model_dir: str, auto_complete: bool = True,
             onnx_graph.complete(config, graph)
         problems += onnx_graph.check(config, graph, path)
     problems += check_fields(config, path)
+    problems += warmup.check(config, model_dir, path)
     if problems:
         return problems
     normalize(config)

@@ -21,6 +21,7 @@ from .errors import ServerError, internal, invalid, not_found, unavailable
 from .pool import InstancePool, InstanceSpec, LoadError
 from .scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
 from .validation import TensorConfig
+from .warmup import warmup_requests
 
 log = logging.getLogger("tritonmp.models")
 
@@ -56,6 +57,7 @@ class ModelVersion:
         self.pool = InstancePool(name, version, completed.model_dir, completed.backend,
                                  json.dumps(self.config_json), specs, self.outputs, options.arena_bytes,
                                  options.log_verbose)
+        self.pool.warmup = warmup_requests(c, completed.model_dir)
         db = c.dynamic_batching if c.HasField("dynamic_batching") else None
         policy = BatchPolicy(c.max_batch_size, db is not None,
                              list(db.preferred_batch_size) if db else [],

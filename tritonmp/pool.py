@@ -75,6 +75,7 @@ class Instance:
         self.started_at = 0.0
         self.restarts = 0
         self.stopping = False
+        self.warming = False
         self._watch: asyncio.Task | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -118,10 +119,34 @@ class Instance:
         # Both sides have mapped the arenas: drop their names so that nothing can be left behind.
         self.in_arena.unlink()
         self.out_arena.unlink()
+        try:
+            await self._warmup()
+        except LoadError:
+            self._release()
+            raise
         self.alive = True
         self.started_at = time.monotonic()
         log.info("worker %s of model '%s' version %d is ready (pid %d)%s", self.spec.name,
                  pool.model_name, pool.version, self.proc.pid, f"; {ready.detail}" if ready.detail else "")
+
+    async def _warmup(self) -> None:
+        """Run the model's warmup samples on this instance; any failure fails the load."""
+        self.warming = True
+        try:
+            for name, count, template in self.pool.warmup:
+                for _ in range(count):
+                    request = InferRequest(template.model_name, "", template.id, list(template.inputs), None, {})
+                    request.batch_size = template.batch_size
+                    request.arrival_ns = time.monotonic_ns()
+                    request.future = asyncio.get_running_loop().create_future()
+                    self.run([request])
+                    try:
+                        await request.future
+                    except ServerError as e:
+                        self.proc.kill()
+                        raise LoadError(f"warmup '{name}' failed on instance '{self.spec.name}': {e}") from None
+        finally:
+            self.warming = False
 
     def _on_channel_lost(self) -> None:
         proc = self.proc
@@ -234,7 +259,7 @@ class Instance:
         self.batch_id += 1
         self.batch = batch
         now = time.monotonic_ns()
-        stats = self.pool.stats
+        stats = self.pool.stats if not self.warming else ModelStats("warmup", 0)
         for request in batch:
             stats.queued(now - request.arrival_ns)
             if request.trace is not None:
@@ -249,12 +274,13 @@ class Instance:
         if batch is None or result.batch_id != self.batch_id:
             return
         pool = self.pool
+        stats = pool.stats if not self.warming else ModelStats("warmup", 0)  # warmup is not traffic
         started = time.monotonic_ns()
         responses = batching.decode(result, batch, pool.merge, frames, self.out_arena, pool.output_types,
                                     pool.model_name, str(pool.version))
         now = time.monotonic_ns()
         if not result.error:
-            pool.stats.executed(sum(r.batch_size for r in batch), len(batch), self.encode_ns + result.input_ns,
+            stats.executed(sum(r.batch_size for r in batch), len(batch), self.encode_ns + result.input_ns,
                                 result.infer_ns, result.output_ns + now - started)
         for request in batch:
             if request.trace is not None:
@@ -264,7 +290,7 @@ class Instance:
                 t.mark("COMPUTE_END", now)
         for request, response in zip(batch, responses):
             failed = isinstance(response, ServerError)
-            pool.stats.finished(not failed, request.batch_size, now - request.arrival_ns)
+            stats.finished(not failed, request.batch_size, now - request.arrival_ns)
             if request.future.done():
                 continue
             if failed:
@@ -295,6 +321,7 @@ class InstancePool:
         self.on_down: Callable[[ServerError], None] = lambda error: None  # no instance can
         self.restart_count = 0
         self.stats = ModelStats(model_name, version)
+        self.warmup: list = []  # (sample name, count, request template), run by each instance before READY
 
     async def start(self) -> None:
         results = await asyncio.gather(*(i.start() for i in self.instances), return_exceptions=True)
