@@ -62,8 +62,12 @@ class ModelVersion:
         policy = BatchPolicy(c.max_batch_size, db is not None,
                              list(db.preferred_batch_size) if db else [],
                              (db.max_queue_delay_microseconds if db else 0) * 1000)
+        self.pool.on_unavailable = self._crash_looped
         self.scheduler = Scheduler(self.pool, policy, priorities=priorities_of(c),
                                    preserve_ordering=bool(db and db.preserve_ordering))
+
+    def _crash_looped(self, why: str) -> None:
+        self.state, self.reason = "UNAVAILABLE", why
 
     async def load(self) -> None:
         started = time.monotonic()

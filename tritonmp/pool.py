@@ -32,6 +32,8 @@ log = logging.getLogger("tritonmp.pool")
 _uids = itertools.count(1)
 RESTART_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
 STABLE_SECS = 30.0
+CRASH_LOOP_DEATHS = 5  # this many deaths (or failed restarts) within CRASH_LOOP_SECS: give up
+CRASH_LOOP_SECS = 60.0
 
 
 @dataclass
@@ -74,8 +76,11 @@ class Instance:
         self.alive = False
         self.started_at = 0.0
         self.restarts = 0
+        self.deaths: list[float] = []  # when this instance died or failed to restart, recently
         self.stopping = False
         self.warming = False
+        self.last_exit = ""
+        self.gave_up = False
         self._watch: asyncio.Task | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -189,13 +194,28 @@ class Instance:
         self.pool.on_idle()  # let the scheduler see that this batch is over
         if self.stopping:
             return
+        self.last_exit = reason
         log.error("worker %s of model '%s' version %d (pid %d) %s; restarting it", self.spec.name,
                   self.pool.model_name, self.pool.version, proc.pid, reason)
         asyncio.get_running_loop().create_task(self._restart())
 
+    def _crash_looping(self, reason: str) -> bool:
+        """Record a death; True (and the model told why) when the instance should stay down."""
+        now = time.monotonic()
+        self.deaths = [t for t in self.deaths if now - t < CRASH_LOOP_SECS] + [now]
+        if len(self.deaths) < CRASH_LOOP_DEATHS:
+            return False
+        why = (f"instance '{self.spec.name}' died or failed to start {len(self.deaths)} times in "
+               f"{CRASH_LOOP_SECS:.0f}s (last: {reason}); it is no longer restarted")
+        log.error("model '%s' version %d: %s", self.pool.model_name, self.pool.version, why)
+        self.pool.crash_looped(self, why)
+        return True
+
     async def _restart(self) -> None:
         if time.monotonic() - self.started_at > STABLE_SECS:
             self.restarts = 0
+        if self._crash_looping(self.last_exit):
+            return
         while not self.stopping:
             delay = RESTART_DELAYS[min(self.restarts, len(RESTART_DELAYS) - 1)]
             self.restarts += 1
@@ -208,6 +228,8 @@ class Instance:
             except LoadError as e:
                 log.error("restarting worker %s of model '%s' failed: %s", self.spec.name,
                           self.pool.model_name, e)
+                if self._crash_looping(str(e).splitlines()[0] if str(e) else "load failed"):
+                    return
                 if not self.pool.any_alive():
                     # nothing can serve the queue until a restart succeeds: fail it rather than hang
                     self.pool.on_down(ServerError(
@@ -319,6 +341,7 @@ class InstancePool:
         self.idle: deque[Instance] = deque()
         self.on_idle = lambda: None  # the scheduler's pump: an instance can take work
         self.on_down: Callable[[ServerError], None] = lambda error: None  # no instance can
+        self.on_unavailable: Callable[[str], None] = lambda why: None  # the model version must go down
         self.restart_count = 0
         self.stats = ModelStats(model_name, version)
         self.warmup: list = []  # (sample name, count, request template), run by each instance before READY
@@ -343,6 +366,14 @@ class InstancePool:
             self.idle.remove(instance)
         except ValueError:
             pass
+
+    def crash_looped(self, instance: Instance, why: str) -> None:
+        """An instance gave up; once all have, the model version goes UNAVAILABLE."""
+        instance.gave_up = True
+        if all(i.gave_up for i in self.instances):
+            self.on_unavailable(why)
+            self.on_down(ServerError(f"model '{self.model_name}' version {self.version} is unavailable: {why}",
+                                     Status.UNAVAILABLE))
 
     def any_alive(self) -> bool:
         return any(i.alive for i in self.instances)

@@ -20,6 +20,7 @@ from .http_server import HttpApp
 from .log_settings import LogSettings
 from .metrics import MetricsApp, SystemSampler
 from .model_manager import ModelManager, ServerOptions
+from .sd_notify import Notifier
 from .tracing import Tracer
 
 log = logging.getLogger("tritonmp.server")
@@ -87,20 +88,28 @@ class Server:
         self.log_settings = log_settings or LogSettings()
         self.tracer = tracer or Tracer()
         self.stop_requested = asyncio.Event()
+        self.force_stop = asyncio.Event()
         self.signals = 0
+        self.notifier = Notifier()
         self.http: _Uvicorn | None = None
 
     def _on_signal(self, signum: int) -> None:
         self.signals += 1
-        log.info("received %s, shutting down", signal.Signals(signum).name)
+        if self.signals > 1:
+            log.warning("received %s again: stopping now", signal.Signals(signum).name)
+            self.force_stop.set()
+            if self.http is not None:
+                self.http.force_exit = True
+            return
+        log.info("received %s, shutting down: finishing requests in flight for up to %.0fs",
+                 signal.Signals(signum).name, self.exit_timeout)
         self.stop_requested.set()
-        if self.signals > 1 and self.http is not None:
-            self.http.force_exit = True
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        watchdog = loop.create_task(self.notifier.watchdog())
         removed = arena.remove_orphans()
         if removed:
             log.warning("removed %d shared-memory segments left by a server that is gone", len(removed))
@@ -148,6 +157,9 @@ class Server:
                 load.result()
                 dataplane.loaded = True
                 log.info("\n%s", _model_table(models))
+                down = len(models.failures())
+                self.notifier.notify("READY=1", "STATUS=serving" + (f"; {down} model version(s) unavailable"
+                                                                    if down else ""))
                 failures = models.failures()
                 if failures and self.exit_on_error:
                     log.error("failed to load all models:\n  %s", "\n  ".join(failures))
@@ -160,6 +172,7 @@ class Server:
                 load.cancel()
         finally:
             dataplane.accepting = False
+            self.notifier.notify("STOPPING=1", "STATUS=finishing requests in flight")
             if poller is not None:
                 poller.cancel()
             deadline = time.monotonic() + self.exit_timeout
@@ -174,8 +187,17 @@ class Server:
             if http is not None:
                 http.should_exit = True
                 drains.append(http_task)
-            await asyncio.gather(*drains, return_exceptions=True)
+            draining = asyncio.gather(*drains, return_exceptions=True)
+            forced = loop.create_task(self.force_stop.wait())
+            await asyncio.wait({draining, forced}, return_when=asyncio.FIRST_COMPLETED)
+            if self.force_stop.is_set():
+                deadline = time.monotonic()  # a second signal: stop workers now, still cleaning up
+                if grpc_server is not None:
+                    await grpc_server.stop(0)
+            forced.cancel()
             await models.stop(deadline)
             self.tracer.flush()
+            watchdog.cancel()
+            self.notifier.close()
             log.info("server stopped")
         return code

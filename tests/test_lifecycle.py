@@ -1,0 +1,142 @@
+"""The server's life: SIGTERM drains requests in flight and exits 0 leaving nothing behind, a second
+signal stops at once, a crash-looping model goes UNAVAILABLE with the reason, and systemd hears
+READY=1, WATCHDOG=1 and STOPPING=1 through NOTIFY_SOCKET."""
+
+import signal
+import socket
+import threading
+import time
+
+import orjson
+import tritonclient.http as httpclient
+from test_queue_policy import Calls, _repo
+
+from conftest import scrape_metrics, shm_segments
+
+SUICIDAL = '''
+import os
+import signal
+import threading
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Loads fine, then dies 0.3 s later, every time: a crash loop."""
+
+    def initialize(self, args):
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.get_input_tensor_by_name(r, "X")]) for r in requests]
+'''
+
+
+def test_sigterm_finishes_requests_in_flight_and_exits_0(start_server, tmp_path):
+    server = start_server([_repo(tmp_path, "")])
+    calls = Calls(server)
+    calls.send("running", 1.0)
+    calls.wait_queued(1, 0)
+    calls.send("queued", 0.2)
+    calls.wait_queued(1, 1)
+    server.proc.send_signal(signal.SIGTERM)
+    # readiness goes at once: a probe now is refused or answered "not ready"
+    server.wait_until(lambda: _not_ready(server), timeout=5, what="readiness to drop")
+    calls.join()
+    assert isinstance(calls.results["running"], int) and isinstance(calls.results["queued"], int)
+    assert server.proc.wait(30) == 0
+    assert not shm_segments(server.pid)
+    assert "received SIGTERM, shutting down" in server.log()
+
+
+def _not_ready(server) -> bool:
+    try:
+        return server.get("/v2/health/ready")[0] != 200
+    except OSError:
+        return True
+
+
+def test_second_signal_stops_at_once(start_server, tmp_path):
+    server = start_server([_repo(tmp_path, "")], "--exit-timeout-secs", "60")
+    calls = Calls(server)
+    calls.send("long", 30.0)
+    calls.wait_queued(1, 0)
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    server.wait_until(lambda: "shutting down" in server.log(), timeout=10, what="the first signal")
+    server.proc.send_signal(signal.SIGTERM)
+    server.proc.wait(20)
+    assert time.monotonic() - started < 20
+    assert not shm_segments(server.pid)
+    assert "received SIGTERM again: stopping now" in server.log()
+    calls.join()
+    assert isinstance(calls.results["long"], Exception)
+
+
+def test_crash_looping_model_goes_unavailable_with_the_reason(start_server, tmp_path):
+    model = tmp_path / "repo" / "suicidal"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(SUICIDAL)
+    (model / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 0\n'
+                                        'input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+                                        'output [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+    server = start_server([tmp_path / "repo"], "--exit-on-error=false")
+    client = httpclient.InferenceServerClient(server.url)
+    server.wait_until(lambda: not client.is_model_ready("suicidal"), timeout=60, what="the model to give up")
+    row = orjson.loads(server.post("/v2/repository/index", b"{}")[2])[0]
+    assert row["state"] == "UNAVAILABLE"
+    assert "died or failed to start 5 times" in row["reason"] and "killed by SIGKILL" in row["reason"]
+    assert scrape_metrics(server)['tritonmp_worker_restarts_total{model="suicidal",version="1"}'] == 4
+    status, _, raw = server.post("/v2/models/suicidal/infer", orjson.dumps(
+        {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]}))
+    assert status == 503
+
+
+class NotifySocket:
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.messages: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._read)
+        self.thread.start()
+
+    def _read(self):
+        while not self.stop.is_set():
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except TimeoutError:
+                continue
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+def test_systemd_notify_ready_watchdog_stopping(start_server, example_repo, tmp_path, monkeypatch):
+    notify = NotifySocket(tmp_path / "notify.sock")
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify.sock"))
+    monkeypatch.setenv("WATCHDOG_USEC", "400000")
+    try:
+        server = start_server([example_repo])
+        server.wait_until(lambda: any("READY=1" in m for m in notify.messages), what="READY=1")
+        server.wait_until(lambda: sum(m == "WATCHDOG=1" for m in notify.messages) >= 3, what="keep-alives")
+        assert server.stop() == 0
+        assert any(m.startswith("STOPPING=1") for m in notify.messages)
+        ready_at = next(i for i, m in enumerate(notify.messages) if "READY=1" in m)
+        assert "STATUS=serving" in notify.messages[ready_at]
+    finally:
+        notify.close()
+
+
+def test_the_unit_file_runs_the_server_as_systemd_expects():
+    from conftest import ROOT
+
+    unit = (ROOT / "configs" / "tritonmp.service").read_text()
+    for line in ("Type=notify", "WatchdogSec=", "NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes",
+                 "EnvironmentFile=", "KillSignal=SIGTERM"):
+        assert line in unit, line
+    assert "ExecStart=" in unit and "--model-repository" in unit
+    assert "TRITONMP_ARGS" in (ROOT / "configs" / "tritonmp.env").read_text()
