@@ -98,3 +98,16 @@ def test_default_instances_are_one_per_visible_gpu(start_server, tmp_path):
     server = start_server([_repo(tmp_path)])
     config = orjson.loads(server.get("/v2/models/whereami/config")[2])
     assert [g["gpus"] for g in config["instance_group"]] == [[g] for g in visible_gpus()]
+
+
+def test_requests_are_spread_over_the_instances(start_server, tmp_path):
+    server = start_server([_repo(tmp_path, 'instance_group [ { kind: KIND_CPU, count: 2 } ]\n')])
+    names = {_whereami(server)[1]["model_instance_name"] for _ in range(6)}
+    assert names == {"whereami_0_0", "whereami_0_1"}
+
+
+def test_kind_model_instances_see_every_gpu(start_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITONMP_FAKE_GPUS", "0,1")
+    server = start_server([_repo(tmp_path, 'instance_group [ { kind: KIND_MODEL, count: 1 } ]\n')])
+    devices, args = _whereami(server)
+    assert devices == "0,1" and args["model_instance_kind"] == "MODEL"

@@ -261,10 +261,10 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
         if group.count < 0:
             problems.append(ConfigProblem(path, f"instance_group[{i}].count", "must be positive"))
         if group.kind not in (mc.ModelInstanceGroup.KIND_AUTO, mc.ModelInstanceGroup.KIND_CPU,
-                              mc.ModelInstanceGroup.KIND_GPU):
+                              mc.ModelInstanceGroup.KIND_GPU, mc.ModelInstanceGroup.KIND_MODEL):
             problems.append(ConfigProblem(path, f"instance_group[{i}].kind",
                                           f"{mc.ModelInstanceGroup.Kind.Name(group.kind)} is not "
-                                          "supported; use KIND_CPU, KIND_GPU or KIND_AUTO"))
+                                          "supported; use KIND_CPU, KIND_GPU, KIND_AUTO or KIND_MODEL"))
     vp = config.version_policy
     if vp.WhichOneof("policy_choice") == "specific" and not vp.specific.versions:
         problems.append(ConfigProblem(path, "version_policy.specific.versions", "empty; list versions"))

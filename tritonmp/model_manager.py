@@ -58,6 +58,7 @@ class ModelVersion:
                                  json.dumps(self.config_json), specs, self.outputs, options.arena_bytes,
                                  options.log_verbose)
         self.pool.warmup = warmup_requests(c, completed.model_dir)
+        self.pool.gpus = options.gpus
         db = c.dynamic_batching if c.HasField("dynamic_batching") else None
         policy = BatchPolicy(c.max_batch_size, db is not None,
                              list(db.preferred_batch_size) if db else [],
@@ -164,6 +165,9 @@ def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int]) -> lis
                 for _ in range(group.count):
                     specs.append(InstanceSpec(f"{group.name}_{k}", "GPU", d))
                     k += 1
+        elif kind == mc.ModelInstanceGroup.KIND_MODEL:
+            # the model places itself: its instances see every GPU the server sees
+            specs += [InstanceSpec(f"{group.name}_{k}", "MODEL", 0) for k in range(group.count)]
         else:
             specs += [InstanceSpec(f"{group.name}_{k}", "CPU", 0) for k in range(group.count)]
     return specs

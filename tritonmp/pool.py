@@ -100,7 +100,12 @@ class Instance:
             out_arena=self.out_arena.name, arena_bytes=arena_bytes, log_verbose=pool.log_verbose)
         env = dict(os.environ)
         env[transport.SPEC_ENV] = transport.encode_spec(spec)
-        env["CUDA_VISIBLE_DEVICES"] = str(self.spec.device_id) if self.spec.kind == "GPU" else ""
+        if self.spec.kind == "GPU":
+            env["CUDA_VISIBLE_DEVICES"] = str(self.spec.device_id)
+        elif self.spec.kind == "CPU":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        elif pool.gpus is not None:  # KIND_MODEL: every GPU the server may use
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in pool.gpus)
         loop = asyncio.get_running_loop()
         self.ready = loop.create_future()
         try:
@@ -278,6 +283,9 @@ class Instance:
     # -- work ------------------------------------------------------------------------------
     def run(self, batch: list[InferRequest]) -> None:
         """Send a batch; the instance has no other batch in flight."""
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("batch %d of %d request(s) %s to instance '%s' of model '%s'", self.batch_id + 1, len(batch),
+                      [r.id for r in batch], self.spec.name, self.pool.model_name)
         self.batch_id += 1
         self.batch = batch
         now = time.monotonic_ns()
@@ -310,6 +318,10 @@ class Instance:
                 t.mark("COMPUTE_INPUT_END", self.sent_ns + self.encode_ns + result.input_ns)
                 t.mark("COMPUTE_OUTPUT_START", now - (now - started) - result.output_ns)
                 t.mark("COMPUTE_END", now)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("batch %d done on instance '%s': input %.0fus, infer %.0fus, output %.0fus%s", result.batch_id,
+                      self.spec.name, result.input_ns / 1e3, result.infer_ns / 1e3, result.output_ns / 1e3,
+                      f"; failed: {result.error}" if result.error else "")
         for request, response in zip(batch, responses):
             failed = isinstance(response, ServerError)
             stats.finished(not failed, request.batch_size, now - request.arrival_ns)
@@ -337,6 +349,7 @@ class InstancePool:
         self.arena_bytes = arena_bytes
         self.log_verbose = log_verbose
         self.merge = backend != "python"
+        self.gpus: list[int] | None = None  # the server's GPUs, for KIND_MODEL instances
         self.instances = [Instance(self, s) for s in specs]
         self.idle: deque[Instance] = deque()
         self.on_idle = lambda: None  # the scheduler's pump: an instance can take work
