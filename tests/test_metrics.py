@@ -2,10 +2,13 @@
 traffic, crashes and failures."""
 
 import http.client
+import os
 import re
 
 import orjson
 import pytest
+
+from tritonmp.gpus import visible_gpus
 
 from conftest import http_request
 from conftest import scrape_metrics as _scrape
@@ -86,3 +89,15 @@ def test_metric_names_follow_prometheus_rules(server):
     for line in body.decode().splitlines():
         if line.startswith("# TYPE"):
             assert re.fullmatch(r"# TYPE [a-zA-Z_:][a-zA-Z0-9_:]* (counter|gauge|histogram)", line), line
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not visible_gpus() or os.environ.get("TRITONMP_FAKE_GPUS") is not None,
+                    reason="no NVIDIA GPU visible on this machine")
+def test_gpu_metrics_through_nvml(start_server, example_repo):
+    pytest.importorskip("pynvml", reason="needs nvidia-ml-py (install tritonmp[gpu])")
+    server = start_server([example_repo], "--metrics-interval-ms", "200")
+    server.wait_until(lambda: any(k.startswith("nv_gpu_utilization") for k in _scrape(server)), what="GPU metrics")
+    samples = _scrape(server)
+    for name in ("nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes", "nv_gpu_power_usage"):
+        assert any(k.startswith(name + '{gpu_uuid="') for k in samples), name

@@ -25,6 +25,8 @@ def parameter_value(p: pb.InferParameter):
 
 
 def parameters_dict(params) -> dict:
+    """A protobuf map of messages with a `parameter_choice` oneof (InferParameter,
+    ModelRepositoryParameter, LogSettingsRequest.SettingValue) as plain values."""
     return {k: parameter_value(v) for k, v in params.items()}
 
 

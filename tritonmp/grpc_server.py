@@ -122,11 +122,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_errors_to_status
     async def RepositoryModelLoad(self, request, context):
-        params = {}
-        for key, p in request.parameters.items():
-            which = p.WhichOneof("parameter_choice")
-            params[key] = getattr(p, which) if which else None
-        await self.dp.load_model(request.model_name, params)
+        await self.dp.load_model(request.model_name, grpc_codec.parameters_dict(request.parameters))
         return pb.RepositoryModelLoadResponse()
 
     @_errors_to_status
@@ -204,10 +200,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return response
     @_errors_to_status
     async def LogSettings(self, request, context):
-        changes = {}
-        for key, value in request.settings.items():
-            which = value.WhichOneof("parameter_choice")
-            changes[key] = getattr(value, which) if which else None
+        changes = grpc_codec.parameters_dict(request.settings)
         settings = self.dp.log_settings.update(changes) if changes else self.dp.log_settings.settings
         response = pb.LogSettingsResponse()
         for key, value in settings.items():

@@ -390,13 +390,18 @@ class ModelManager:
             raise not_found(f"Request for unknown model: '{name}' is not found")
         return entry
 
+    @staticmethod
+    def _version(entry: ModelEntry, version: str) -> ModelVersion:
+        mv = entry.versions.get(int(version)) if version.isdigit() else None
+        if mv is None:
+            raise not_found(f"Request for unknown model: '{entry.name}' version {version} is not found")
+        return mv
+
     def get(self, name: str, version: str = "") -> ModelVersion:
         """The ready model version a request is for; NOT_FOUND or UNAVAILABLE otherwise."""
         entry = self.entry(name)
         if version:
-            mv = entry.versions.get(int(version)) if version.isdigit() else None
-            if mv is None:
-                raise not_found(f"Request for unknown model: '{name}' version {version} is not found")
+            mv = self._version(entry, version)
             if mv.state != "READY":
                 raise unavailable(f"Request for unknown model: '{name}' version {version} is not at ready "
                                   "state")
@@ -410,10 +415,7 @@ class ModelManager:
         """A model version in any state (for metadata and config); the highest one without a version."""
         entry = self.entry(name)
         if version:
-            mv = entry.versions.get(int(version)) if version.isdigit() else None
-            if mv is None:
-                raise not_found(f"Request for unknown model: '{name}' version {version} is not found")
-            return mv
+            return self._version(entry, version)
         try:
             return self.get(name)
         except ServerError:
