@@ -1,0 +1,167 @@
+"""DESIGN.md's performance targets that need no reference server, measured on this machine:
+
+1. ONNX: the server's overhead per request over a bare in-process onnxruntime call, concurrency 1
+   (HTTP and gRPC, median latency minus the bare call's median).
+2. 64 MiB tensors through client system shared memory (input and output in client regions, an
+   ONNX identity model) against a bare 64 MiB memcpy.
+3. Cold start of a repository of 20 small ONNX models to ready.
+
+    .venv/bin/python scripts/bench_targets.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from make_example_repo import binary_op_model, write  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, repo: str, *args: str):
+        self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tritonmp", "--model-repository", repo, "--http-port", str(self.http),
+             "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics), *args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/v2/health/ready", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                raise SystemExit("the server did not start")
+            time.sleep(0.01)
+        self.ready_after = time.perf_counter() - self.started
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)
+
+
+def median_us(fn, n: int) -> float:
+    for _ in range(min(200, n)):
+        fn()
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6
+
+
+def onnx_overhead(repo: str) -> None:
+    import onnxruntime as ort
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    a = np.ones((1, 3), np.float32)
+    session = ort.InferenceSession(os.path.join(repo, "add", "1", "model.onnx"), providers=["CPUExecutionProvider"])
+    bare = median_us(lambda: session.run(["C"], {"A": a, "B": a}), 3000)
+    server = Server(repo)
+    try:
+        results = {}
+        for name, module, url in (("http", httpclient, f"127.0.0.1:{server.http}"),
+                                  ("grpc", grpcclient, f"127.0.0.1:{server.grpc}")):
+            client = module.InferenceServerClient(url)
+            inputs = [module.InferInput("A", [1, 3], "FP32"), module.InferInput("B", [1, 3], "FP32")]
+            for i in inputs:
+                i.set_data_from_numpy(a)
+            results[name] = median_us(lambda c=client, i=inputs: c.infer("add", i), 2000)
+            live = median_us(lambda c=client: c.is_server_live(), 2000)
+            print(f"onnx add, {name}, concurrency 1: median {results[name]:.0f} us per request; the client's "
+                  f"round trip to a trivial health call is {live:.0f} us; bare onnxruntime {bare:.1f} us")
+            print(f"  server overhead over bare onnxruntime: {results[name] - bare:.0f} us end to end, "
+                  f"{results[name] - live - bare:.0f} us beyond the protocol's own round trip (target < 150 us)")
+    finally:
+        server.stop()
+
+
+def shm_64mib(tmp: str) -> None:
+    import tritonclient.http as httpclient
+    import tritonclient.utils.shared_memory as shm
+    from onnx import TensorProto, helper
+
+    n = 16 * 1024 * 1024  # 64 MiB of FP32
+    graph = helper.make_graph([helper.make_node("Identity", ["X"], ["Y"])], "identity",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, [n])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [n])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    repo = os.path.join(tmp, "shm")
+    write(model, os.path.join(repo, "big", "1", "model.onnx"))
+    src = np.random.default_rng(0).random(n, dtype=np.float32)
+    dst = np.empty_like(src)
+    memcpy = median_us(lambda: np.copyto(dst, src), 20)
+    server = Server(repo, "--allow-client-shm=true")
+    key_in, key_out = f"/bench-in-{os.getpid()}", f"/bench-out-{os.getpid()}"
+    h_in = shm.create_shared_memory_region("in", key_in, src.nbytes)
+    h_out = shm.create_shared_memory_region("out", key_out, src.nbytes)
+    try:
+        shm.set_shared_memory_region(h_in, [src])
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}", network_timeout=120)
+        client.register_system_shared_memory("in", key_in, src.nbytes)
+        client.register_system_shared_memory("out", key_out, src.nbytes)
+        x = httpclient.InferInput("X", [n], "FP32")
+        x.set_shared_memory("in", src.nbytes)
+        y = httpclient.InferRequestedOutput("Y")
+        y.set_shared_memory("out", src.nbytes)
+        took = median_us(lambda: client.infer("big", [x], outputs=[y]), 20)
+        assert np.array_equal(shm.get_contents_as_numpy(h_out, np.float32, [n]), src)
+        print(f"64 MiB through client shm (input and output): median {took / 1000:.1f} ms; bare 64 MiB memcpy "
+              f"{memcpy / 1000:.1f} ms; ratio {took / memcpy:.2f} (target <= 2; the identity model itself "
+              f"copies once and the output is written once)")
+    finally:
+        server.stop()
+        shm.destroy_shared_memory_region(h_in)
+        shm.destroy_shared_memory_region(h_out)
+
+
+def cold_start(tmp: str) -> None:
+    repo = os.path.join(tmp, "twenty")
+    model = binary_op_model("Add")
+    for i in range(20):
+        write(model, os.path.join(repo, f"add{i:02d}", "1", "model.onnx"))
+    times = []
+    for _ in range(3):
+        server = Server(repo)
+        times.append(server.ready_after)
+        server.stop()
+    print(f"cold start of 20 small ONNX models to ready: median {statistics.median(times):.2f} s over 3 starts "
+          f"on {os.cpu_count()} cores (target < 5 s)")
+
+
+def main() -> None:
+    tmp = tempfile.mkdtemp(prefix="tritonmp-bench-")
+    try:
+        repo = os.path.join(tmp, "example")
+        write(binary_op_model("Add"), os.path.join(repo, "add", "1", "model.onnx"))
+        onnx_overhead(repo)
+        shm_64mib(tmp)
+        cold_start(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
