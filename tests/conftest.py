@@ -28,6 +28,19 @@ SERVED_EXTENSIONS = {"classification", "binary_tensor_data", "model_configuratio
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
+POLL_INTERVAL = 0.05  # how often waits look again at the condition they wait for
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    """Poll `condition` until it holds; AssertionError naming `what` when it does not in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(POLL_INTERVAL)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -95,17 +108,20 @@ class ServerProcess:
 
     def wait_until(self, condition, timeout: float = 60.0, what: str = "condition") -> None:
         """Poll `condition` until it holds; fail with the server's log when it does not."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def holds() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"server exited with {self.proc.returncode} waiting for {what}:\n{self.log()}")
             try:
-                if condition():
-                    return
+                return bool(condition())
             except OSError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}:\n{self.log()}")
+                return False
+
+        try:
+            wait_for(holds, timeout, what)
+        except AssertionError as e:
+            if "timed out" in str(e):
+                raise AssertionError(f"timed out waiting for {what}:\n{self.log()}") from None
+            raise
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         self.wait_until(lambda: self.get("/v2/health/ready")[0] == 200, timeout, "readiness")

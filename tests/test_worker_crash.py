@@ -5,11 +5,10 @@ import os
 import re
 import signal
 import threading
-import time
 
 import orjson
 
-from conftest import shm_segments
+from conftest import shm_segments, wait_for
 
 
 def _x(value):
@@ -87,16 +86,14 @@ def test_killed_frontend_leaves_no_segment_and_its_workers_die(start_server, exa
 
 
 def _wait_gone(pid, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def gone() -> bool:
         try:
             with open(f"/proc/{pid}/status") as f:
-                if "zombie" in f.read():
-                    return
+                return "zombie" in f.read()
         except FileNotFoundError:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"worker {pid} outlived its frontend")
+            return True
+
+    wait_for(gone, timeout, f"worker {pid} to die with its frontend")
 
 
 BROKEN_ON_RESTART = '''
