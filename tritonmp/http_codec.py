@@ -67,19 +67,24 @@ def _shape(name: str, value) -> list[int]:
     return value
 
 
+def json_object(buffer) -> dict:
+    """A JSON object from a request body; INVALID_ARG with the parser's words otherwise."""
+    try:
+        doc = orjson.loads(buffer)
+    except orjson.JSONDecodeError as e:
+        raise invalid(f"failed to parse the request JSON buffer: {e}") from None
+    if not isinstance(doc, dict):
+        raise invalid("failed to parse the request JSON buffer: expected a JSON object")
+    return doc
+
+
 def decode_infer(body: bytes, header_length: int | None, model: str, version: str) -> tuple[InferRequest, bool]:
     """The core request, and whether outputs default to binary (`binary_data_output`)."""
     if header_length is not None and not 0 <= header_length <= len(body):
         raise invalid(f"Inference-Header-Content-Length {header_length} is outside the body of "
                       f"{len(body)} bytes")
     view = memoryview(body)
-    json_part = view[:header_length] if header_length is not None else view
-    try:
-        doc = orjson.loads(json_part)
-    except orjson.JSONDecodeError as e:
-        raise invalid(f"failed to parse the request JSON buffer: {e}") from None
-    if not isinstance(doc, dict):
-        raise invalid("failed to parse the request JSON buffer: expected a JSON object")
+    doc = json_object(view[:header_length] if header_length is not None else view)
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list):
         raise invalid("Unable to parse 'inputs': expected a list of input tensors")

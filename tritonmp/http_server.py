@@ -70,15 +70,7 @@ async def _read_body(receive) -> bytes:
 async def _json_body(receive) -> dict:
     """A request body that is a JSON object, or {} when empty."""
     body = await _read_body(receive)
-    if not body.strip():
-        return {}
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        raise ServerError(f"failed to parse the request JSON buffer: {e}") from None
-    if not isinstance(doc, dict):
-        raise ServerError("failed to parse the request JSON buffer: expected a JSON object")
-    return doc
+    return http_codec.json_object(body) if body.strip() else {}
 
 
 async def _send(send, status: int, body: bytes, headers=_JSON) -> None:
