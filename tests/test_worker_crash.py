@@ -132,3 +132,23 @@ def test_queued_requests_fail_when_the_instance_cannot_come_back(start_server, t
     error = orjson.loads(raw)["error"]
     assert "model 'fragile' version 1 has no live instance" in error
     assert "cannot start again after a crash" in error
+
+
+def test_hung_model_is_killed_by_the_watchdog_and_restarted(start_server, tmp_path):
+    from test_queue_policy import Calls, _repo
+
+    repo = _repo(tmp_path, "")
+    config = repo / "sleepy" / "config.pbtxt"
+    limit = 'parameters { key: "execution_timeout_secs" value: { string_value: "0.5" } }\n'
+    config.write_text(config.read_text() + limit)
+    server = start_server([repo])
+    calls = Calls(server)
+    calls.send("hung", 30.0)
+    calls.join()
+    error = calls.results["hung"]
+    assert isinstance(error, Exception)
+    assert "did not finish a batch within 0.5s (--execution-timeout-secs) and was killed" in str(error)
+    calls = Calls(server)
+    calls.send("next", 0.0)  # served by the restarted worker
+    calls.join()
+    assert isinstance(calls.results["next"], int)

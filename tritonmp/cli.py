@@ -73,6 +73,9 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_workers, default="auto",
                    help="instances for models without instance_group: auto (one per visible GPU, or one "
                         "CPU instance without GPUs) or a count")
+    p.add_argument("--execution-timeout-secs", type=float, default=0.0,
+                   help="kill and restart a worker whose batch runs longer than this (0: no limit); a model "
+                        "may set its own with the config parameter execution_timeout_secs")
     p.add_argument("--arena-mb", type=int, default=64,
                    help="size of each worker's input and output shared-memory arena, in MiB")
     return p
@@ -111,7 +114,8 @@ def serve(argv: list[str]) -> int:
     options = ServerOptions(repositories=[os.path.abspath(r) for r in args.model_repository],
                             workers=args.workers, auto_complete=auto_complete,
                             arena_bytes=args.arena_mb << 20, log_verbose=args.log_verbose,
-                            exit_timeout=args.exit_timeout_secs, gpus=visible_gpus())
+                            exit_timeout=args.exit_timeout_secs, execution_timeout=args.execution_timeout_secs,
+                            gpus=visible_gpus())
     from .errors import ServerError
     from .tracing import Tracer, settings_from_flags
 

@@ -34,6 +34,7 @@ class ServerOptions:
     arena_bytes: int = 64 << 20
     log_verbose: int = 0
     exit_timeout: float = 30.0
+    execution_timeout: float = 0.0
     gpus: list[int] = field(default_factory=list)
 
 
@@ -59,6 +60,7 @@ class ModelVersion:
                                  options.log_verbose)
         self.pool.warmup = warmup_requests(c, completed.model_dir)
         self.pool.gpus = options.gpus
+        self.pool.execution_timeout = _execution_timeout(c, options.execution_timeout)
         db = c.dynamic_batching if c.HasField("dynamic_batching") else None
         policy = BatchPolicy(c.max_batch_size, db is not None,
                              list(db.preferred_batch_size) if db else [],
@@ -110,6 +112,16 @@ class ModelEntry:
     unloaded: list[int] = field(default_factory=list)  # versions shown as UNAVAILABLE / unloaded
     files_dir: str = ""  # a private directory holding files sent with a load request
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _execution_timeout(config: mc.ModelConfig, default: float) -> float:
+    """The model's `execution_timeout_secs` parameter, else the server's --execution-timeout-secs."""
+    value = config.parameters["execution_timeout_secs"].string_value if "execution_timeout_secs" in \
+        config.parameters else ""
+    try:
+        return float(value) if value else default
+    except ValueError:
+        return default
 
 
 def _queue_policy(p) -> QueuePolicy:

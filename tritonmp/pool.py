@@ -81,6 +81,8 @@ class Instance:
         self.warming = False
         self.last_exit = ""
         self.gave_up = False
+        self.kill_reason = ""  # why we killed the worker, when we did
+        self._deadline: asyncio.TimerHandle | None = None  # the progress watchdog of the batch in flight
         self._watch: asyncio.Task | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -177,7 +179,11 @@ class Instance:
         if proc is not self.proc:
             return
         was_alive, self.alive = self.alive, False
-        reason = _describe_exit(code)
+        reason = self.kill_reason or _describe_exit(code)
+        self.kill_reason = ""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         if self.ready is not None and not self.ready.done():
             self.ready.set_exception(LoadError(f"worker process {reason} while loading"))
             return
@@ -298,8 +304,25 @@ class Instance:
         self.sent_ns = now
         self.encode_ns = time.monotonic_ns() - now
         self.channel.send(transport.EXECUTE, header, frames)
+        if self.pool.execution_timeout > 0:
+            self._deadline = asyncio.get_running_loop().call_later(self.pool.execution_timeout, self._hung)
+
+    def _hung(self) -> None:
+        """The progress watchdog: a batch that does not finish in time takes its worker down."""
+        self._deadline = None
+        proc = self.proc
+        if self.batch is None or proc is None or proc.returncode is not None:
+            return
+        self.kill_reason = (f"did not finish a batch within {self.pool.execution_timeout:g}s "
+                            "(--execution-timeout-secs) and was killed")
+        log.error("worker %s of model '%s' version %d (pid %d) %s", self.spec.name, self.pool.model_name,
+                  self.pool.version, proc.pid, self.kill_reason)
+        proc.kill()
 
     def _on_result(self, result: transport.Result, frames) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         batch, self.batch = self.batch, None
         if batch is None or result.batch_id != self.batch_id:
             return
@@ -350,6 +373,7 @@ class InstancePool:
         self.log_verbose = log_verbose
         self.merge = backend != "python"
         self.gpus: list[int] | None = None  # the server's GPUs, for KIND_MODEL instances
+        self.execution_timeout = 0.0  # seconds a batch may run before its worker is killed; 0: no limit
         self.instances = [Instance(self, s) for s in specs]
         self.idle: deque[Instance] = deque()
         self.on_idle = lambda: None  # the scheduler's pump: an instance can take work
