@@ -163,3 +163,47 @@ def test_version_policy_serves_the_chosen_versions(start_server, tmp_path):
     assert status == 200 and orjson.loads(raw)["model_version"] == "3"
     status, _, raw = server.post("/v2/models/multi/versions/1/infer", body)
     assert status == 200 and orjson.loads(raw)["model_version"] == "1"
+
+
+SELF_DESCRIBING = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.add_input({"name": "IN", "data_type": "TYPE_INT32", "dims": [2]})
+        auto_complete_model_config.add_output({"name": "OUT", "data_type": "TYPE_INT32", "dims": [2]})
+        auto_complete_model_config.set_max_batch_size(4)
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
+                                                            .as_numpy() * 2)]) for r in requests]
+'''
+
+
+def test_python_model_completes_its_own_config(start_server, tmp_path):
+    model = tmp_path / "repo" / "selfdesc"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(SELF_DESCRIBING)
+    server = start_server([tmp_path / "repo"])
+    meta = orjson.loads(server.get("/v2/models/selfdesc")[2])
+    assert meta["inputs"] == [{"name": "IN", "datatype": "INT32", "shape": [-1, 2]}]
+    config = orjson.loads(server.get("/v2/models/selfdesc/config")[2])
+    assert config["max_batch_size"] == 4 and config["dynamic_batching"]["preferred_batch_size"] == [4]
+    body = orjson.dumps({"inputs": [{"name": "IN", "shape": [1, 2], "datatype": "INT32", "data": [3, 4]}]})
+    assert orjson.loads(server.post("/v2/models/selfdesc/infer", body)[2])["outputs"][0]["data"] == [6, 8]
+
+
+def test_auto_complete_config_errors_are_reported(tmp_path):
+    model = tmp_path / "repo" / "clash"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(SELF_DESCRIBING)
+    (model / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 2\n')
+    result = _check(tmp_path / "repo")
+    assert result.returncode == 1
+    assert "auto_complete_config: auto_complete_config failed: ValueError: configuration specified " \
+           "max_batch_size 2, but auto-complete-config tries to set it to 4" in result.stdout

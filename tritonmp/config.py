@@ -6,6 +6,7 @@ Every problem is a ConfigProblem naming the file, the field and what to do about
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -176,6 +177,12 @@ def check_all(model_dir: str, auto_complete: bool = True,
         problems.append(ConfigProblem(model_dir, "default_model_filename",
                                       f"no version directory holds '{config.default_model_filename}'"))
         return problems
+    if backend == "python" and auto_complete:
+        model_py = os.path.join(model_dir, str(present[-1]), config.default_model_filename)
+        try:
+            python_complete(config, model_py)
+        except ConfigProblem as e:
+            return problems + [e]
     if backend == "onnxruntime":
         graph_file = os.path.join(model_dir, str(present[-1]), config.default_model_filename)
         try:
@@ -191,6 +198,30 @@ def check_all(model_dir: str, auto_complete: bool = True,
         return problems
     normalize(config)
     return Completed(config=config, backend=backend, model_dir=model_dir, versions=present)
+
+
+def python_complete(config: mc.ModelConfig, model_py: str) -> None:
+    """Let the model's own `auto_complete_config` fill the config, as Triton's python backend does.
+    Runs in a short-lived process (the frontend never imports model code), and only when the
+    model file defines one."""
+    import subprocess
+    import sys
+
+    with open(model_py, encoding="utf-8", errors="replace") as f:
+        if "auto_complete_config" not in f.read():
+            return
+    result = subprocess.run([sys.executable, "-m", "tritonmp.workers.autocomplete", model_py],
+                            input=json.dumps(to_json(config)), capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    if result.returncode != 0:
+        raise ConfigProblem(model_py, "auto_complete_config", result.stderr.strip() or "failed")
+    completed = mc.ModelConfig()
+    try:
+        json_format.ParseDict(json.loads(result.stdout), completed)
+    except (ValueError, json_format.ParseError) as e:
+        raise ConfigProblem(model_py, "auto_complete_config", f"returned a configuration that is not a valid "
+                            f"ModelConfig: {e}") from None
+    config.CopyFrom(completed)
 
 
 def _check_tensors(kind: str, tensors, config: mc.ModelConfig, path: str) -> list[ConfigProblem]:

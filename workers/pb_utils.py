@@ -213,6 +213,51 @@ def get_output_config_by_name(model_config: dict, name: str) -> dict | None:
     return None
 
 
+class ModelConfig:
+    """The model configuration handed to `auto_complete_config`, with Triton's setters."""
+
+    def __init__(self, config: dict):
+        self._config = config
+
+    def as_dict(self) -> dict:
+        return self._config
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        current = self._config.get("max_batch_size", 0)
+        if current and current != max_batch_size:
+            raise ValueError(f"configuration specified max_batch_size {current}, but auto-complete-config "
+                             f"tries to set it to {max_batch_size}")
+        self._config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        self._config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, policy: dict) -> None:
+        self._config["model_transaction_policy"] = dict(policy)
+
+    def _add(self, kind: str, tensor: dict) -> None:
+        if not isinstance(tensor, dict) or "name" not in tensor:
+            raise ValueError(f"{kind} must be a dict with at least a 'name'")
+        entries = self._config.setdefault(kind, [])
+        for entry in entries:
+            if entry["name"] == tensor["name"]:
+                for key, value in tensor.items():
+                    if key in entry and entry[key] and entry[key] != value and key != "name":
+                        raise ValueError(f"{kind} '{tensor['name']}': configuration has {key} {entry[key]}, "
+                                         f"auto-complete-config sets {value}")
+                    entry.setdefault(key, value)
+                    if not entry[key]:
+                        entry[key] = value
+                return
+        entries.append(dict(tensor))
+
+    def add_input(self, input: dict) -> None:  # noqa: A002 - Triton's parameter name
+        self._add("input", input)
+
+    def add_output(self, output: dict) -> None:
+        self._add("output", output)
+
+
 class Logger:
     """Writes to the server's log stream in Triton's layout."""
 

@@ -1,0 +1,43 @@
+"""Run a python model's `TritonPythonModel.auto_complete_config` in a short-lived process.
+
+    python -m tritonmp.workers.autocomplete MODEL_PY   (the config as JSON on stdin)
+
+Prints the completed config as JSON on stdout, or the error on stderr with exit code 1. The model
+file is imported here, never in the frontend.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import traceback
+
+from . import pb_utils
+from .python_backend import install_utils_module
+
+
+def main() -> int:
+    path = sys.argv[1]
+    config = json.loads(sys.stdin.read())
+    install_utils_module()
+    sys.path.insert(0, os.path.dirname(path))
+    try:
+        spec = importlib.util.spec_from_file_location("tritonmp_autocomplete_model", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        completer = getattr(module.TritonPythonModel, "auto_complete_config", None)
+        if completer is not None:
+            result = completer(pb_utils.ModelConfig(config))
+            config = result.as_dict() if isinstance(result, pb_utils.ModelConfig) else config
+    except Exception as e:
+        detail = traceback.format_exc(limit=-2)
+        print(f"auto_complete_config failed: {type(e).__name__}: {e}\n{detail}", file=sys.stderr)
+        return 1
+    json.dump(config, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
