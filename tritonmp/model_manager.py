@@ -199,6 +199,7 @@ class ModelManager:
         self.models: dict[str, ModelEntry] = {}
         self._retiring: set[asyncio.Task] = set()
         self.retiring: set[ModelVersion] = set()  # replaced or unloaded, finishing their requests
+        self.bls = None  # the dataplane's infer, for python models' own requests (set by the server)
 
     # -- the repositories ------------------------------------------------------------------
     def discover(self) -> dict[str, list[str]]:
@@ -290,6 +291,8 @@ class ModelManager:
         if not versions:
             raise invalid(f"load failed for model '{name}': the version policy selects no version that is present")
         new = {v: ModelVersion(name, v, completed, specs, self.options) for v in versions}
+        for mv in new.values():
+            mv.pool.bls = self.bls
         await asyncio.gather(*(mv.load() for mv in new.values()))
         failed = [mv for mv in new.values() if mv.state != "READY"]
         if failed:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from . import batching, transport
 from .arena import Arena, segment_name
 from .channel import Channel
-from .core import InferRequest
+from .core import InferRequest, RequestedOutput, Tensor
 from .errors import ServerError, Status
 from .stats import ModelStats
 
@@ -274,6 +274,9 @@ class Instance:
     def on_message(self, kind: bytes, header: memoryview, frames: list[memoryview]) -> None:
         if kind == transport.RESULT:
             self._on_result(transport.decode(transport.Result, header), frames)
+        elif kind == transport.BLS:
+            request = transport.decode(transport.BlsRequest, header)
+            asyncio.get_running_loop().create_task(self._bls(request, [bytes(f) for f in frames]))
         elif kind == transport.READY:
             ready = transport.decode(transport.Ready, header)
             if ready.protocol != transport.PROTOCOL_VERSION:
@@ -285,6 +288,29 @@ class Instance:
             failed = transport.decode(transport.LoadFailed, header)
             if not self.ready.done():
                 self.ready.set_exception(LoadError(failed.error))
+
+    async def _bls(self, msg: transport.BlsRequest, frames: list[bytes]) -> None:
+        """Serve a model's own request to another model, and answer on this worker's channel."""
+        channel = self.channel
+        try:
+            if self.pool.bls is None:
+                raise ServerError("BLS requests are not available here", Status.UNAVAILABLE)
+            inputs = [Tensor(r.name, r.datatype, list(r.shape), frames[r.frame]) for r in msg.inputs]
+            outputs = [RequestedOutput(name) for name in msg.outputs] or None
+            request = InferRequest(msg.model_name, msg.model_version, msg.id, inputs, outputs, msg.parameters)
+            response = await self.pool.bls(request)
+            refs, out_frames = [], []
+            for t in response.outputs:
+                refs.append(transport.TensorRef(t.name, t.datatype, t.shape, frame=len(out_frames)))
+                out_frames.append(t.data)
+            reply, reply_frames = transport.BlsResult(outputs=refs), out_frames
+        except ServerError as e:
+            reply, reply_frames = transport.BlsResult(error=e.message, error_status=e.status.name), []
+        except Exception as e:  # a bug of ours must still answer, or the model would wait forever
+            log.exception("BLS request from '%s' failed", self.spec.name)
+            reply, reply_frames = transport.BlsResult(error=f"internal error: {type(e).__name__}: {e}"), []
+        if channel is not None and channel is self.channel:
+            channel.send(transport.BLS_RESULT, transport.encode(reply), reply_frames)
 
     # -- work ------------------------------------------------------------------------------
     def run(self, batch: list[InferRequest]) -> None:
@@ -374,6 +400,7 @@ class InstancePool:
         self.merge = backend != "python"
         self.gpus: list[int] | None = None  # the server's GPUs, for KIND_MODEL instances
         self.execution_timeout = 0.0  # seconds a batch may run before its worker is killed; 0: no limit
+        self.bls: Callable | None = None  # the dataplane's infer, for models' own requests (BLS)
         self.instances = [Instance(self, s) for s in specs]
         self.idle: deque[Instance] = deque()
         self.on_idle = lambda: None  # the scheduler's pump: an instance can take work

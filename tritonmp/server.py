@@ -116,6 +116,7 @@ class Server:
         models = ModelManager(self.options)
         dataplane = Dataplane(models, self.strict_readiness, self.allow_client_shm, self.model_control,
                               self.log_settings, self.tracer)
+        models.bls = dataplane.infer
         poller = None
         http = None
         http_task = None

@@ -23,6 +23,8 @@ LOAD_FAILED = b"F"  # worker -> frontend: could not load; header carries the rea
 EXECUTE = b"X"  # frontend -> worker: run one batch
 RESULT = b"D"  # worker -> frontend: the batch's responses
 STOP = b"S"  # frontend -> worker: finalize and exit
+BLS = b"B"  # worker -> frontend: a model's own inference request (BLS), sent while it executes
+BLS_RESULT = b"b"  # frontend -> worker: that request's response
 
 
 class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -67,6 +69,21 @@ class Result(msgspec.Struct, array_like=True):
     error: str = ""  # the whole batch failed (execute raised)
 
 
+class BlsRequest(msgspec.Struct, array_like=True, omit_defaults=True):
+    id: str
+    model_name: str
+    model_version: str
+    inputs: list[TensorRef]
+    outputs: list[str] = []
+    parameters: dict = {}
+
+
+class BlsResult(msgspec.Struct, array_like=True, omit_defaults=True):
+    outputs: list[TensorRef] = []
+    error: str = ""
+    error_status: str = "INTERNAL"
+
+
 class TensorSpec(msgspec.Struct, array_like=True):
     name: str
     datatype: str
@@ -109,7 +126,7 @@ _encoder = msgspec.msgpack.Encoder()
 encode = _encoder.encode
 _decoders = {
     cls: msgspec.msgpack.Decoder(cls)
-    for cls in (Execute, Result, Ready, LoadFailed)
+    for cls in (Execute, Result, Ready, LoadFailed, BlsRequest, BlsResult)
 }
 
 

@@ -68,9 +68,50 @@ class Worker:
     def send(self, kind: bytes, header, frames=()) -> None:
         transport.send_message(self.sock, kind, transport.encode(header), frames)
 
+    def bls(self, request) -> object:
+        """A model's own inference request: send it to the frontend, wait for the response. Only a
+        STOP may come in between (the frontend sends nothing else to a busy worker)."""
+        from . import pb_utils
+
+        frames: list = []
+        refs = []
+        for t in request.inputs():
+            array = np.asarray(t.as_numpy())
+            buf = datatypes.to_buffer(t._datatype, array)
+            refs.append(transport.TensorRef(t.name(), t._datatype, list(array.shape), frame=len(frames),
+                                            nbytes=len(buf) if isinstance(buf, bytes) else buf.nbytes))
+            frames.append(buf)
+        params = json.loads(request.parameters()) if request.parameters() else {}
+        version = "" if request.model_version() in (-1, None) else str(request.model_version())
+        header = transport.BlsRequest(request.request_id(), request.model_name(), version, refs,
+                                      request.requested_output_names(), params)
+        self.send(transport.BLS, header, frames)
+        while True:
+            message = transport.recv_message(self.sock)
+            if message is None:
+                raise SystemExit(0)  # the frontend has gone
+            kind, head, reply_frames = transport.unpack(message)
+            if kind == transport.STOP:
+                raise SystemExit(0)
+            if kind == transport.BLS_RESULT:
+                break
+        result = transport.decode(transport.BlsResult, head)
+        if result.error:
+            code = getattr(pb_utils.TritonError, result.error_status, pb_utils.TritonError.INTERNAL)
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(result.error, code))
+        tensors = []
+        for ref in result.outputs:
+            t = self.decode_tensor(ref, reply_frames)
+            tensors.append(pb_utils.Tensor(t.name, t.array, t.datatype))
+        return pb_utils.InferenceResponse(tensors)
+
     def start(self) -> bool:
         try:
             config = json.loads(self.spec.config_json)
+            if self.spec.backend == "python":
+                from . import pb_utils
+
+                pb_utils._bls_executor = self.bls
             self.backend = load_backend(self.spec, config)
             inputs, outputs = self.backend.metadata()
             detail = getattr(self.backend, "detail", "")

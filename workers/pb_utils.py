@@ -19,6 +19,9 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 
+# Set by the worker: sends a BLS request to the frontend and returns its InferenceResponse.
+_bls_executor = None
+
 TRITON_STRING_TO_NUMPY = {
     datatypes.to_config(name): (np.bool_ if name == "BOOL" else dt.type) for name, dt in datatypes.NUMPY_OF.items()
 }
@@ -177,12 +180,24 @@ class InferenceRequest:
         raise TritonModelException("decoupled response senders are not supported by tritonmp yet")
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
-        return InferenceResponse(error=TritonError(
-            f"BLS requests (InferenceRequest.exec to model '{self._model_name}') are not supported by "
-            "tritonmp yet", TritonError.UNSUPPORTED))
+        """Run this request on another model of the server (BLS) and wait for its response."""
+        if decoupled:
+            return InferenceResponse(error=TritonError("decoupled BLS requests are not supported by tritonmp yet",
+                                                       TritonError.UNSUPPORTED))
+        if _bls_executor is None:
+            return InferenceResponse(error=TritonError("BLS requests can only be made from execute()",
+                                                       TritonError.UNAVAILABLE))
+        return _bls_executor(self)
 
     async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+        # runs to completion before returning: concurrent async_exec calls are served one after another
         return self.exec(decoupled)
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def model_version(self) -> int:
+        return self._model_version
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:

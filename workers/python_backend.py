@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -39,6 +41,7 @@ class PythonBackend:
             raise BackendError(f"{path} defines no class TritonPythonModel")
         self.config = config
         self.instance_name = spec.instance_name
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.model = module.TritonPythonModel()
         args = {
             "model_config": json.dumps(config),
@@ -67,6 +70,8 @@ class PythonBackend:
                 request_id=r.id, parameters=json.dumps(r.parameters)))
         try:
             results = self.model.execute(pb_requests)
+            if inspect.iscoroutine(results):  # `async def execute`, as Triton allows
+                results = self._loop().run_until_complete(results)
         except Exception as e:
             raise BackendError(f"Failed to process the request(s) for model instance "
                                f"'{self.instance_name}', message: {type(e).__name__}: {e}") from None
@@ -88,6 +93,11 @@ class PythonBackend:
                 outputs = [WorkTensor(t.name(), t._datatype, t.as_numpy()) for t in result.output_tensors()]
                 responses.append(WorkResponse(outputs=outputs))
         return responses
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+        return self.loop
 
     def finalize(self) -> None:
         if hasattr(self.model, "finalize"):
