@@ -22,6 +22,7 @@ ModelConfig = mc.ModelConfig
 BACKENDS = {
     "onnxruntime": ("onnxruntime_onnx", "model.onnx"),
     "python": ("", "model.py"),
+    "ensemble": ("ensemble", ""),  # runs in the frontend; its version directories hold no file
 }
 # Backends Triton has that this server does not run yet, with their default file names.
 KNOWN_BACKENDS = {
@@ -107,8 +108,6 @@ def resolve_backend(config: mc.ModelConfig, model_dir: str, versions: list[int],
                                 "(model.onnx, model.py, ...) found in a version directory; set "
                                 "backend: \"onnxruntime\" or \"python\"")
         backend = found
-    if backend == "ensemble":
-        raise ConfigProblem(path, "platform", "ensemble models are not supported by this server yet")
     if backend not in BACKENDS:
         known = ", ".join(sorted(BACKENDS))
         raise ConfigProblem(path, "backend", f"backend '{backend}' is not available in this server "
@@ -167,12 +166,13 @@ def check_all(model_dir: str, auto_complete: bool = True,
     except ConfigProblem as e:
         return problems + [e]
     platform, default_file = BACKENDS[backend]
-    config.backend = backend
+    config.backend = "" if backend == "ensemble" else backend
     config.platform = platform
     if not config.default_model_filename:
         config.default_model_filename = default_file
     present = [v for v in versions
-               if os.path.exists(os.path.join(model_dir, str(v), config.default_model_filename))]
+               if backend == "ensemble"
+               or os.path.exists(os.path.join(model_dir, str(v), config.default_model_filename))]
     if not present:
         problems.append(ConfigProblem(model_dir, "default_model_filename",
                                       f"no version directory holds '{config.default_model_filename}'"))
@@ -194,6 +194,11 @@ def check_all(model_dir: str, auto_complete: bool = True,
         problems += onnx_graph.check(config, graph, path)
     problems += check_fields(config, path)
     problems += warmup.check(config, model_dir, path)
+    if backend == "ensemble":
+        problems += check_ensemble(config, path)
+    elif config.HasField("ensemble_scheduling"):
+        problems.append(ConfigProblem(path, "ensemble_scheduling", "only an ensemble (platform: \"ensemble\") "
+                                      "has ensemble_scheduling"))
     if problems:
         return problems
     normalize(config)
@@ -283,8 +288,6 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
                                               f"({config.max_batch_size})"))
     if config.HasField("sequence_batching"):
         problems.append(ConfigProblem(path, "sequence_batching", "not supported by this server yet"))
-    if config.HasField("ensemble_scheduling"):
-        problems.append(ConfigProblem(path, "ensemble_scheduling", "not supported by this server yet"))
     if config.model_transaction_policy.decoupled:
         problems.append(ConfigProblem(path, "model_transaction_policy.decoupled",
                                       "decoupled models are not supported by this server yet"))
@@ -301,6 +304,50 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
         problems.append(ConfigProblem(path, "version_policy.specific.versions", "empty; list versions"))
     if vp.WhichOneof("policy_choice") == "latest" and vp.latest.num_versions < 1:
         problems.append(ConfigProblem(path, "version_policy.latest.num_versions", "must be at least 1"))
+    return problems
+
+
+def check_ensemble(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
+    """The steps of an ensemble: each names a model, and its tensors flow from the ensemble's inputs
+    through earlier steps to the ensemble's outputs, without cycles or loose ends."""
+    steps = config.ensemble_scheduling.step
+    if not steps:
+        return [ConfigProblem(path, "ensemble_scheduling.step", "an ensemble needs at least one step")]
+    problems = []
+    available = {t.name for t in config.input}
+    produced_by: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        if not step.model_name:
+            problems.append(ConfigProblem(path, f"ensemble_scheduling.step[{i}].model_name", "missing"))
+        if step.model_name == config.name:
+            problems.append(ConfigProblem(path, f"ensemble_scheduling.step[{i}].model_name",
+                                          "an ensemble cannot call itself"))
+        for tensor in step.output_map.values():
+            if tensor in produced_by or tensor in available:
+                problems.append(ConfigProblem(path, f"ensemble_scheduling.step[{i}].output_map",
+                                              f"ensemble tensor '{tensor}' is produced more than once"))
+            produced_by[tensor] = i
+    # a step may run once all its inputs exist: check that every step can run, in some order
+    known, pending = set(available), list(range(len(steps)))
+    while pending:
+        ready = [i for i in pending if set(steps[i].input_map.values()) <= known]
+        if not ready:
+            for i in pending:
+                missing = sorted(set(steps[i].input_map.values()) - known)
+                problems.append(ConfigProblem(path, f"ensemble_scheduling.step[{i}].input_map",
+                                              f"ensemble tensor(s) {', '.join(missing)} are neither ensemble inputs "
+                                              "nor produced by another step (or they form a cycle)"))
+            break
+        for i in ready:
+            known.update(steps[i].output_map.values())
+            pending.remove(i)
+    for t in config.output:
+        if t.name not in produced_by:
+            problems.append(ConfigProblem(path, "output", f"ensemble output '{t.name}' is produced by no step"))
+    used = {name for step in steps for name in step.input_map.values()}
+    for t in config.input:
+        if t.name not in used:
+            problems.append(ConfigProblem(path, "input", f"ensemble input '{t.name}' is used by no step"))
     return problems
 
 

@@ -106,9 +106,12 @@ class Dataplane:
         await self.models.load(name, config, files or None)
 
     async def unload_model(self, name: str, parameters: dict) -> None:
-        """Unload `name`; `unload_dependents` is accepted (this server has no ensembles that depend on it)."""
+        """Unload `name`, and with `unload_dependents` the ensembles that use it."""
         self._check_explicit()
+        dependents = self.models.dependents(name) if parameters.get("unload_dependents") else []
         await self.models.unload(name)
+        for ensemble in dependents:
+            await self.models.unload(ensemble)
 
     def trace_settings(self, model: str = "") -> dict:
         if model:

@@ -127,7 +127,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_errors_to_status
     async def RepositoryModelUnload(self, request, context):
-        await self.dp.unload_model(request.model_name, {})
+        await self.dp.unload_model(request.model_name, grpc_codec.parameters_dict(request.parameters))
         return pb.RepositoryModelUnloadResponse()
 
     async def ModelStreamInfer(self, request_iterator, context):

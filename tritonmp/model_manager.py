@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from . import config as cfg
 from .classification import read_labels
 from .config import ConfigProblem
+from .ensemble import EnsembleVersion
 from .errors import ServerError, internal, invalid, not_found, unavailable
 from .pool import InstancePool, InstanceSpec, LoadError
 from .scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
@@ -200,6 +201,7 @@ class ModelManager:
         self._retiring: set[asyncio.Task] = set()
         self.retiring: set[ModelVersion] = set()  # replaced or unloaded, finishing their requests
         self.bls = None  # the dataplane's infer, for python models' own requests (set by the server)
+        self._startup: dict[str, asyncio.Task] = {}  # loads under way at startup, by model name
 
     # -- the repositories ------------------------------------------------------------------
     def discover(self) -> dict[str, list[str]]:
@@ -245,7 +247,25 @@ class ModelManager:
                 if not entry.versions:
                     entry.problem = e.message
 
-        await asyncio.gather(*(one(n) for n in wanted))
+        loop = asyncio.get_running_loop()
+        self._startup = {n: loop.create_task(one(n)) for n in wanted}
+        await asyncio.gather(*self._startup.values())
+        self._startup = {}
+
+    async def ensure_loaded(self, name: str) -> None:
+        """For an ensemble: wait for a composing model being loaded, or load it when it is not."""
+        task = self._startup.get(name)
+        if task is not None:
+            await asyncio.shield(task)
+        entry = self.models.get(name)
+        if entry is not None and entry.versions:
+            return
+        await self.load(name)
+
+    def dependents(self, name: str) -> list[str]:
+        """The loaded ensembles that have `name` as a step."""
+        return [e.name for e in self.models.values()
+                if any(isinstance(mv, EnsembleVersion) and name in dict(mv.composing()) for mv in e.versions.values())]
 
     async def load(self, name: str, config_override: str | None = None, files: dict[str, bytes] | None = None
                    ) -> None:
@@ -278,19 +298,26 @@ class ModelManager:
             old, old_dir = entry.versions, entry.files_dir
             entry.versions, entry.path, entry.files_dir = new, path, files_dir
             entry.problem, entry.unloaded = "", []
-            entry.platform = next(iter(new.values())).config.platform or next(iter(new.values())).backend
+            first = next(iter(new.values()))
+            entry.platform = first.config.platform or first.backend
             self._retire(list(old.values()), old_dir)
 
     async def _start_versions(self, name: str, path: str, override: str | None) -> dict[int, ModelVersion]:
         try:
             completed = cfg.load(path, self.options.auto_complete, override)
-            specs = instance_specs(completed.config, self.options.workers, self.options.gpus)
+            specs = [] if completed.backend == "ensemble" else \
+                instance_specs(completed.config, self.options.workers, self.options.gpus)
         except (ConfigProblem, LoadError) as e:
             raise invalid(f"load failed for model '{name}': {e}") from None
         versions = cfg.version_is_wanted(completed.config, completed.versions)
         if not versions:
             raise invalid(f"load failed for model '{name}': the version policy selects no version that is present")
-        new = {v: ModelVersion(name, v, completed, specs, self.options) for v in versions}
+        if completed.backend == "ensemble":
+            new = {v: EnsembleVersion(name, v, completed) for v in versions}
+            for mv in new.values():
+                mv.manager = self
+        else:
+            new = {v: ModelVersion(name, v, completed, specs, self.options) for v in versions}
         for mv in new.values():
             mv.pool.bls = self.bls
         await asyncio.gather(*(mv.load() for mv in new.values()))

@@ -1,0 +1,109 @@
+"""Ensembles: steps chained and run side by side in the frontend, composing models loaded first,
+configs checked, unload_dependents."""
+
+import shutil
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+SCALE = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 10)]))
+        return responses
+'''
+
+PIPELINE = '''
+name: "pipeline"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN_A", data_type: TYPE_FP32, dims: [ 3 ] }, { name: "IN_B", data_type: TYPE_FP32, dims: [ 3 ] } ]
+output [ { name: "SCALED", data_type: TYPE_FP32, dims: [ 3 ] }, { name: "SUM", data_type: TYPE_FP32, dims: [ 3 ] },
+         { name: "A_SCALED", data_type: TYPE_FP32, dims: [ 3 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "add", model_version: -1, input_map { key: "A" value: "IN_A" }
+      input_map { key: "B" value: "IN_B" } output_map { key: "C" value: "SUM" } },
+    { model_name: "scale", model_version: -1, input_map { key: "X" value: "SUM" }
+      output_map { key: "Y" value: "SCALED" } },
+    { model_name: "scale", model_version: 1, input_map { key: "X" value: "IN_A" }
+      output_map { key: "Y" value: "A_SCALED" } }
+  ]
+}
+'''
+
+
+@pytest.fixture
+def repo(tmp_path, example_repo):
+    root = tmp_path / "repo"
+    shutil.copytree(example_repo / "add", root / "add")
+    (root / "scale" / "1").mkdir(parents=True)
+    (root / "scale" / "1" / "model.py").write_text(SCALE)
+    (root / "scale" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 8\ninput [ { name: "X", data_type: TYPE_FP32, dims: [ 3 ] } ]\n'
+        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 3 ] } ]\n')
+    (root / "pipeline" / "1").mkdir(parents=True)
+    (root / "pipeline" / "config.pbtxt").write_text(PIPELINE)
+    return root
+
+
+def _inputs(module, a, b):
+    inputs = [module.InferInput("IN_A", list(a.shape), "FP32"), module.InferInput("IN_B", list(b.shape), "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_ensemble_chains_and_parallel_steps(start_server, repo, module):
+    server = start_server([repo])
+    client = module.InferenceServerClient(server.url if module is httpclient else server.grpc_url)
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.ones((2, 3), np.float32)
+    result = client.infer("pipeline", _inputs(module, a, b))
+    np.testing.assert_array_equal(result.as_numpy("SUM"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("SCALED"), (a + b) * 10)
+    np.testing.assert_array_equal(result.as_numpy("A_SCALED"), a * 10)
+    only = client.infer("pipeline", _inputs(module, a, b), outputs=[module.InferRequestedOutput("SCALED")])
+    assert only.as_numpy("SUM") is None
+    meta = httpclient.InferenceServerClient(server.url).get_model_metadata("pipeline")
+    assert meta["platform"] == "ensemble"
+    stats = httpclient.InferenceServerClient(server.url).get_inference_statistics("pipeline")["model_stats"][0]
+    assert stats["inference_count"] == 4  # two requests of batch 2
+
+
+def test_step_errors_reach_the_client(start_server, repo):
+    server = start_server([repo])
+    client = httpclient.InferenceServerClient(server.url)
+    bad = np.ones((9, 3), np.float32)  # over max_batch_size of the ensemble
+    with pytest.raises(InferenceServerException, match="batch-size must be <= 8 for 'pipeline'"):
+        client.infer("pipeline", _inputs(httpclient, bad, bad))
+
+
+def test_explicit_load_of_an_ensemble_loads_its_models_and_unload_dependents(start_server, repo):
+    server = start_server([repo], "--model-control-mode=explicit")
+    client = httpclient.InferenceServerClient(server.url)
+    client.load_model("pipeline")
+    assert client.is_model_ready("add") and client.is_model_ready("scale") and client.is_model_ready("pipeline")
+    client.unload_model("scale", unload_dependents=True)
+    assert not client.is_model_ready("pipeline") and client.is_model_ready("add")
+
+
+def test_ensemble_config_problems(repo):
+    from test_config import _check
+
+    text = PIPELINE.replace('output_map { key: "C" value: "SUM" }', 'output_map { key: "C" value: "TOTAL" }')
+    (repo / "pipeline" / "config.pbtxt").write_text(text)
+    out = _check(repo).stdout
+    assert "ensemble_scheduling.step[1].input_map: ensemble tensor(s) SUM are neither ensemble inputs nor " \
+           "produced by another step" in out
+    assert "output: ensemble output 'SUM' is produced by no step" in out

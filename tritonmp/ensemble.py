@@ -1,0 +1,173 @@
+"""Ensembles, run in the frontend: each step is an inference request to a composing model through
+the dataplane, started as soon as the ensemble tensors it needs exist, so independent steps run
+at the same time. Step outputs feed the next steps without leaving the frontend."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from . import config as cfg
+from .core import InferRequest, InferResponse, RequestedOutput, Tensor
+from .errors import ServerError, Status, unsupported
+from .stats import ModelStats
+from .validation import TensorConfig
+
+log = logging.getLogger("tritonmp.ensemble")
+
+
+class EnsembleSteps:
+    """What stands where a model's instance pool would: the steps, and the ensemble's own counters."""
+
+    merge = False
+    restart_count = 0
+
+    def __init__(self, name: str, version: int, steps):
+        self.model_name = name
+        self.version = version
+        self.steps = list(steps)
+        self.stats = ModelStats(name, version)
+        self.instances: list = []  # an ensemble has no worker of its own
+        self.bls = None  # the dataplane's infer, set by the model manager
+
+
+class EnsembleScheduler:
+    def __init__(self, ensemble: EnsembleVersion):
+        self.ensemble = ensemble
+        self.queue: deque = deque()  # requests never wait here: each runs as soon as it arrives
+        self.running: set[asyncio.Task] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def submit(self, request: InferRequest) -> asyncio.Future:
+        if request.outputs and any(o.shm is not None for o in request.outputs):
+            raise unsupported("an ensemble cannot write its outputs into client shared memory yet; read them "
+                              "from the response")
+        request.arrival_ns = time.monotonic_ns()
+        task = asyncio.get_running_loop().create_task(self.ensemble.run(request))
+        self.running.add(task)
+        self._idle.clear()
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.running.discard(task)
+        if not self.running:
+            self._idle.set()
+
+    def busy(self) -> bool:
+        return bool(self.running)
+
+    async def drained(self) -> None:
+        await self._idle.wait()
+
+    def fail_all(self, error: Exception) -> None:
+        for task in list(self.running):
+            task.cancel()
+
+
+class EnsembleVersion:
+    """One version of an ensemble, shaped like a ModelVersion for the dataplane, statistics and
+    metrics."""
+
+    backend = "ensemble"
+
+    def __init__(self, name: str, version: int, completed: cfg.Completed):
+        c = completed.config
+        self.name = name
+        self.version = version
+        self.config = c
+        self.state = "LOADING"
+        self.reason = ""
+        self.load_seconds = 0.0
+        self.max_batch_size = c.max_batch_size
+        self.inputs = {t.name: TensorConfig(t.name, cfg.tensor_datatype(t), tuple(t.dims), t.optional)
+                       for t in c.input}
+        self.outputs = {t.name: cfg.tensor_datatype(t) for t in c.output}
+        self.config_json = cfg.to_json(c)
+        self.labels: dict[str, list[str]] = {}
+        self.pool = EnsembleSteps(name, version, c.ensemble_scheduling.step)
+        self.scheduler = EnsembleScheduler(self)
+        self.manager = None  # set by the model manager, to find and load composing models
+
+    def composing(self) -> list[tuple[str, str]]:
+        return [(s.model_name, str(s.model_version) if s.model_version > 0 else "") for s in self.pool.steps]
+
+    async def load(self) -> None:
+        """Ready once every composing model is; in explicit mode they are loaded first, as Triton does."""
+        started = time.monotonic()
+        for name, version in self.composing():
+            try:
+                await self.manager.ensure_loaded(name)
+                self.manager.get(name, version)
+            except ServerError as e:
+                self.state = "UNAVAILABLE"
+                self.reason = f"composing model '{name}' is not available: {e.message}"
+                log.error("failed to load ensemble '%s': %s", self.name, self.reason)
+                return
+        self.state, self.reason = "READY", ""
+        self.load_seconds = time.monotonic() - started
+        log.info("successfully loaded ensemble '%s' version %d", self.name, self.version)
+
+    async def retire(self, timeout: float) -> None:
+        self.state = "UNLOADING"
+        try:
+            await asyncio.wait_for(self.scheduler.drained(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        await self.stop(0)
+
+    async def stop(self, deadline: float) -> None:
+        self.state, self.reason = "UNAVAILABLE", "unloaded"
+        self.scheduler.fail_all(ServerError(f"ensemble '{self.name}' is unloading", Status.UNAVAILABLE))
+
+    async def run(self, request: InferRequest) -> InferResponse:
+        stats = self.pool.stats
+        try:
+            response = await self._run(request)
+        except ServerError:
+            stats.finished(False, request.batch_size, time.monotonic_ns() - request.arrival_ns)
+            raise
+        stats.executed(request.batch_size, 1, 0, 0, 0)
+        stats.finished(True, request.batch_size, time.monotonic_ns() - request.arrival_ns)
+        return response
+
+    async def _run(self, request: InferRequest) -> InferResponse:
+        tensors: dict[str, Tensor] = {t.name: t for t in request.inputs}
+        pending = list(self.pool.steps)
+        while pending:
+            ready = [s for s in pending if all(name in tensors for name in s.input_map.values())]
+            if not ready:  # the config check rules this out; a composing model that omitted an output does not
+                missing = sorted({n for s in pending for n in s.input_map.values()} - set(tensors))
+                raise ServerError(f"ensemble '{self.name}': tensor(s) {', '.join(missing)} were never produced",
+                                  Status.INTERNAL)
+            for step in ready:
+                pending.remove(step)
+            results = await asyncio.gather(*(self._step(step, request, tensors) for step in ready))
+            for step, response in zip(ready, results):
+                produced = {t.name: t for t in response.outputs}
+                for model_output, ensemble_tensor in step.output_map.items():
+                    t = produced.get(model_output)
+                    if t is not None:
+                        tensors[ensemble_tensor] = Tensor(ensemble_tensor, t.datatype, t.shape, t.data)
+        wanted = [o.name for o in request.outputs] if request.outputs is not None else list(self.outputs)
+        outputs = []
+        for name in wanted:
+            if name not in tensors:
+                raise ServerError(f"ensemble '{self.name}' produced no output '{name}'", Status.INTERNAL)
+            outputs.append(tensors[name])
+        return InferResponse(self.name, str(self.version), request.id, outputs)
+
+    async def _step(self, step: mc.ModelEnsembling.Step, request: InferRequest, tensors: dict) -> InferResponse:
+        inputs = []
+        for model_input, ensemble_tensor in step.input_map.items():
+            t = tensors[ensemble_tensor]
+            inputs.append(Tensor(model_input, t.datatype, list(t.shape), t.data, dict(t.parameters)))
+        outputs = [RequestedOutput(name) for name in step.output_map]
+        version = str(step.model_version) if step.model_version > 0 else ""
+        sub = InferRequest(step.model_name, version, request.id, inputs, outputs, dict(request.parameters))
+        return await self.pool.bls(sub)
