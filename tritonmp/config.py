@@ -288,9 +288,9 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
                                               f"({config.max_batch_size})"))
     if config.HasField("sequence_batching"):
         problems.append(ConfigProblem(path, "sequence_batching", "not supported by this server yet"))
-    if config.model_transaction_policy.decoupled:
+    if config.model_transaction_policy.decoupled and config.backend not in ("python", ""):
         problems.append(ConfigProblem(path, "model_transaction_policy.decoupled",
-                                      "decoupled models are not supported by this server yet"))
+                                      f"only python models can be decoupled here, not {config.backend} ones"))
     for i, group in enumerate(config.instance_group):
         if group.count < 0:
             problems.append(ConfigProblem(path, f"instance_group[{i}].count", "must be positive"))

@@ -41,6 +41,7 @@ class InferRequest:
     priority: int = 0  # the scheduler's priority level
     deadline_ns: int = 0  # when its queue timeout runs out (0: never)
     delayed: bool = False  # its timeout ran out under timeout_action DELAY
+    stream: asyncio.Queue | None = None  # decoupled models: responses, errors, then None
 
 
 @dataclass(slots=True)

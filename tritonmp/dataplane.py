@@ -3,13 +3,15 @@ Validation, scheduling and errors live here once; frontends only decode and enco
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 
 from . import config as cfg
 from .classification import class_count, classify
 from .core import InferRequest, InferResponse
-from .errors import invalid, unavailable
+from .errors import ServerError, invalid, unavailable, unsupported
 from .log_settings import LogSettings
 from .model_manager import ModelManager
 from .shm_registry import SharedMemoryRegistry
@@ -126,6 +128,9 @@ class Dataplane:
     async def infer(self, request: InferRequest) -> InferResponse:
         start_ns = time.monotonic_ns()
         mv = self.models.get(request.model_name, request.model_version)
+        if mv.pool.decoupled:
+            raise unsupported(f"model '{mv.name}' is decoupled (it may send any number of responses): use the "
+                              "gRPC ModelStreamInfer stream")
         trace = self.tracer.sample(mv.name, mv.version)
         if trace is None:
             return await self._infer(mv, request)
@@ -137,7 +142,23 @@ class Dataplane:
             trace.mark("REQUEST_END")
             self.tracer.finish(trace)
 
-    async def _infer(self, mv, request: InferRequest) -> InferResponse:
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse | ServerError]:
+        """Every response to a request: one for most models, any number for a decoupled one."""
+        mv = self.models.get(request.model_name, request.model_version)
+        if not mv.pool.decoupled:
+            yield await self.infer(request)
+            return
+        self._prepare(mv, request)
+        request.stream = asyncio.Queue()
+        mv.scheduler.submit(request)
+        while True:
+            item = await request.stream.get()
+            if item is None:
+                return
+            yield item
+
+    def _prepare(self, mv, request: InferRequest) -> None:
+        """Resolve client shared memory, check the request against the model, and log it."""
         uses_shm = False
         for t in request.inputs:
             ref = self.shm.resolve_parameters(t.parameters) if t.parameters else None
@@ -154,6 +175,9 @@ class Dataplane:
         if uses_shm and mv.pool.merge:
             # the frontend never touches client shm bytes, so it cannot merge them: batch alone
             request.shape_key += (("client shm", id(request)),)
+
+    async def _infer(self, mv, request: InferRequest) -> InferResponse:
+        self._prepare(mv, request)
         wanted = {o.name: class_count(o.parameters, o.name) for o in request.outputs or ()}
         if request.trace is not None:
             request.trace.mark("QUEUE_START")

@@ -24,6 +24,7 @@ class EnsembleSteps:
     """What stands where a model's instance pool would: the steps, and the ensemble's own counters."""
 
     merge = False
+    decoupled = False
     restart_count = 0
 
     def __init__(self, name: str, version: int, steps):

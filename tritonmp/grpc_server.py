@@ -136,18 +136,24 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         out: asyncio.Queue = asyncio.Queue()
         pending: set[asyncio.Task] = set()
 
+        def error(msg, e: ServerError) -> pb.ModelStreamInferResponse:
+            return pb.ModelStreamInferResponse(
+                error_message=e.message,
+                infer_response=pb.ModelInferResponse(model_name=msg.model_name, model_version=msg.model_version,
+                                                     id=msg.id))
+
         async def one(msg):
             try:
-                response = grpc_codec.encode_infer(await self.dp.infer(grpc_codec.decode_infer(msg)))
-                await out.put(pb.ModelStreamInferResponse(infer_response=response))
+                async for item in self.dp.infer_stream(grpc_codec.decode_infer(msg)):
+                    if isinstance(item, ServerError):  # one failed response; more may follow
+                        await out.put(error(msg, item))
+                    else:
+                        await out.put(pb.ModelStreamInferResponse(infer_response=grpc_codec.encode_infer(item)))
             except Exception as e:
                 if not isinstance(e, ServerError):
                     log.exception("stream inference failed")
                     e = ServerError(f"internal error: {type(e).__name__}: {e}", Status.INTERNAL)
-                await out.put(pb.ModelStreamInferResponse(
-                    error_message=e.message,
-                    infer_response=pb.ModelInferResponse(model_name=msg.model_name,
-                                                         model_version=msg.model_version, id=msg.id)))
+                await out.put(error(msg, e))
 
         async def read():
             async for msg in request_iterator:

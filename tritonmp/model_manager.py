@@ -61,6 +61,7 @@ class ModelVersion:
                                  options.log_verbose)
         self.pool.warmup = warmup_requests(c, completed.model_dir)
         self.pool.gpus = options.gpus
+        self.pool.decoupled = c.model_transaction_policy.decoupled
         self.pool.execution_timeout = _execution_timeout(c, options.execution_timeout)
         db = c.dynamic_batching if c.HasField("dynamic_batching") else None
         policy = BatchPolicy(c.max_batch_size, db is not None,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from . import batching, transport
 from .arena import Arena, segment_name
 from .channel import Channel
-from .core import InferRequest, RequestedOutput, Tensor
+from .core import InferRequest, InferResponse, RequestedOutput, Tensor
 from .errors import ServerError, Status
 from .stats import ModelStats
 
@@ -82,6 +82,7 @@ class Instance:
         self.last_exit = ""
         self.gave_up = False
         self.kill_reason = ""  # why we killed the worker, when we did
+        self.streams: dict[tuple[int, int], InferRequest] = {}  # decoupled requests awaiting their final flag
         self._deadline: asyncio.TimerHandle | None = None  # the progress watchdog of the batch in flight
         self._watch: asyncio.Task | None = None
 
@@ -198,9 +199,17 @@ class Instance:
                 f"while running this request; {then}", Status.INTERNAL)
             now = time.monotonic_ns()
             for request in batch:
+                if request.stream is not None:
+                    continue  # closed with the open streams below
                 self.pool.stats.finished(False, request.batch_size, now - request.arrival_ns)
                 if not request.future.done():
                     request.future.set_exception(err)
+        if self.streams:
+            err = ServerError(f"model '{self.pool.model_name}' instance '{self.spec.name}' (pid {proc.pid}) {reason} "
+                              "before sending its final response", Status.INTERNAL)
+            streams, self.streams = self.streams, {}
+            for request in streams.values():
+                self._close_stream(request, err)
         self.pool.forget_idle(self)
         self.pool.on_idle()  # let the scheduler see that this batch is over
         if self.stopping:
@@ -274,6 +283,8 @@ class Instance:
     def on_message(self, kind: bytes, header: memoryview, frames: list[memoryview]) -> None:
         if kind == transport.RESULT:
             self._on_result(transport.decode(transport.Result, header), frames)
+        elif kind == transport.STREAM:
+            self._on_stream(transport.decode(transport.StreamResponse, header), frames)
         elif kind == transport.BLS:
             request = transport.decode(transport.BlsRequest, header)
             asyncio.get_running_loop().create_task(self._bls(request, [bytes(f) for f in frames]))
@@ -288,6 +299,33 @@ class Instance:
             failed = transport.decode(transport.LoadFailed, header)
             if not self.ready.done():
                 self.ready.set_exception(LoadError(failed.error))
+
+    def _on_stream(self, msg: transport.StreamResponse, frames) -> None:
+        """One response of a decoupled model, for a request that may have finished executing."""
+        key = (msg.batch_id, msg.index)
+        request = self.streams.get(key)
+        if request is None:
+            return
+        if msg.error:
+            request.stream.put_nowait(ServerError(msg.error, Status[msg.error_status]
+                                                  if msg.error_status in Status.__members__ else Status.INTERNAL))
+        elif not msg.empty:
+            outputs = [Tensor(r.name, r.datatype, r.shape, frames[r.frame]) for r in msg.outputs
+                       if request.outputs is None or r.name in {o.name for o in request.outputs}]
+            request.stream.put_nowait(InferResponse(self.pool.model_name, str(self.pool.version), request.id,
+                                                    outputs))
+        if msg.final:
+            del self.streams[key]
+            self._close_stream(request, None)
+
+    def _close_stream(self, request: InferRequest, error: ServerError | None) -> None:
+        ok = error is None
+        self.pool.stats.finished(ok, request.batch_size, time.monotonic_ns() - request.arrival_ns)
+        if error is not None:
+            request.stream.put_nowait(error)
+        request.stream.put_nowait(None)
+        if not request.future.done():
+            request.future.set_result(None)
 
     async def _bls(self, msg: transport.BlsRequest, frames: list[bytes]) -> None:
         """Serve a model's own request to another model, and answer on this worker's channel."""
@@ -326,6 +364,9 @@ class Instance:
             stats.queued(now - request.arrival_ns)
             if request.trace is not None:
                 request.trace.mark("COMPUTE_START", now)
+        if self.pool.decoupled:
+            for index, request in enumerate(batch):
+                self.streams[(self.batch_id, index)] = request
         header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arena)
         self.sent_ns = now
         self.encode_ns = time.monotonic_ns() - now
@@ -353,6 +394,15 @@ class Instance:
         if batch is None or result.batch_id != self.batch_id:
             return
         pool = self.pool
+        if pool.decoupled:  # the responses come as STREAM messages; this only ends the execution
+            pool.stats.executed(sum(r.batch_size for r in batch), len(batch), self.encode_ns + result.input_ns,
+                                result.infer_ns, result.output_ns)
+            if result.error:
+                for index, request in enumerate(batch):
+                    if self.streams.pop((result.batch_id, index), None) is not None:
+                        self._close_stream(request, ServerError(result.error, Status.INTERNAL))
+            pool.put_idle(self)
+            return
         stats = pool.stats if not self.warming else ModelStats("warmup", 0)  # warmup is not traffic
         started = time.monotonic_ns()
         responses = batching.decode(result, batch, pool.merge, frames, self.out_arena, pool.output_types,
@@ -400,6 +450,7 @@ class InstancePool:
         self.merge = backend != "python"
         self.gpus: list[int] | None = None  # the server's GPUs, for KIND_MODEL instances
         self.execution_timeout = 0.0  # seconds a batch may run before its worker is killed; 0: no limit
+        self.decoupled = False  # responses stream back, any number per request
         self.bls: Callable | None = None  # the dataplane's infer, for models' own requests (BLS)
         self.instances = [Instance(self, s) for s in specs]
         self.idle: deque[Instance] = deque()

@@ -25,6 +25,7 @@ RESULT = b"D"  # worker -> frontend: the batch's responses
 STOP = b"S"  # frontend -> worker: finalize and exit
 BLS = b"B"  # worker -> frontend: a model's own inference request (BLS), sent while it executes
 BLS_RESULT = b"b"  # frontend -> worker: that request's response
+STREAM = b"T"  # worker -> frontend: one response of a decoupled model (any number per request)
 
 
 class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -84,6 +85,16 @@ class BlsResult(msgspec.Struct, array_like=True, omit_defaults=True):
     error_status: str = "INTERNAL"
 
 
+class StreamResponse(msgspec.Struct, array_like=True, omit_defaults=True):
+    batch_id: int
+    index: int  # the request's place in its batch
+    outputs: list[TensorRef] = []
+    error: str = ""
+    error_status: str = "INTERNAL"
+    final: bool = False
+    empty: bool = False  # no response, only the final flag
+
+
 class TensorSpec(msgspec.Struct, array_like=True):
     name: str
     datatype: str
@@ -126,7 +137,7 @@ _encoder = msgspec.msgpack.Encoder()
 encode = _encoder.encode
 _decoders = {
     cls: msgspec.msgpack.Decoder(cls)
-    for cls in (Execute, Result, Ready, LoadFailed, BlsRequest, BlsResult)
+    for cls in (Execute, Result, Ready, LoadFailed, BlsRequest, BlsResult, StreamResponse)
 }
 
 

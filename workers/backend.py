@@ -21,6 +21,7 @@ class WorkRequest:
     outputs: list[str]  # requested output names; empty means all
     parameters: dict = field(default_factory=dict)
     batch_sizes: list[int] = field(default_factory=list)
+    sender: object = None  # decoupled models: send(WorkResponse | None, final: bool)
 
 
 @dataclass

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 
@@ -21,7 +22,7 @@ import numpy as np
 from tritonmp import datatypes, transport
 from tritonmp.arena import Arena
 
-from .backend import BackendError, WorkRequest, WorkTensor
+from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor
 from .client_shm import ClientRegions
 from .cuda_shm import CudaRegions
 
@@ -59,6 +60,7 @@ class Worker:
     def __init__(self, spec: transport.WorkerSpec):
         self.spec = spec
         self.sock = socket.socket(fileno=spec.fd)
+        self.send_lock = threading.Lock()
         self.in_arena = Arena(spec.in_arena, 0, create=False)
         self.out_arena = Arena(spec.out_arena, 0, create=False)
         self.backend = None
@@ -66,7 +68,28 @@ class Worker:
         self.cuda_regions = CudaRegions(spec.device_id, spec.kind, spec.instance_name)
 
     def send(self, kind: bytes, header, frames=()) -> None:
-        transport.send_message(self.sock, kind, transport.encode(header), frames)
+        with self.send_lock:  # decoupled models may send from threads of their own
+            transport.send_message(self.sock, kind, transport.encode(header), frames)
+
+    def stream_sender(self, batch_id: int, index: int):
+        """The send function behind one request's response sender (decoupled models)."""
+
+        def send(response: WorkResponse | None, final: bool) -> None:
+            frames: list = []
+            if response is None:
+                header = transport.StreamResponse(batch_id, index, final=final, empty=True)
+            else:
+                try:
+                    refs = [self.encode_tensor(t, frames, inline=True) for t in response.outputs]
+                    header = transport.StreamResponse(batch_id, index, refs, response.error, response.error_status,
+                                                      final)
+                except (ValueError, TypeError, KeyError) as e:
+                    frames = []
+                    header = transport.StreamResponse(batch_id, index, error=f"cannot return the model's output: {e}",
+                                                      final=final)
+            self.send(transport.STREAM, header, frames)
+
+        return send
 
     def bls(self, request) -> object:
         """A model's own inference request: send it to the frontend, wait for the response. Only a
@@ -141,8 +164,8 @@ class Worker:
             array = np.frombuffer(buf, dtype=datatypes.NUMPY_OF[ref.datatype]).reshape(ref.shape)
         return WorkTensor(ref.name, ref.datatype, array)
 
-    def encode_tensor(self, t: WorkTensor, frames: list, shm_dest: transport.TensorRef | None = None
-                      ) -> transport.TensorRef:
+    def encode_tensor(self, t: WorkTensor, frames: list, shm_dest: transport.TensorRef | None = None,
+                      inline: bool = False) -> transport.TensorRef:
         array = np.asarray(t.array)
         buf = datatypes.to_buffer(t.datatype, array)
         nbytes = len(buf) if isinstance(buf, bytes) else buf.nbytes
@@ -160,7 +183,7 @@ class Worker:
             ref.shm_key, ref.shm_id, ref.offset = shm_dest.shm_key, shm_dest.shm_id, shm_dest.offset
             ref.cuda_handle, ref.cuda_device = shm_dest.cuda_handle, shm_dest.cuda_device
             return ref
-        if nbytes >= transport.INLINE_LIMIT:
+        if nbytes >= transport.INLINE_LIMIT and not inline:
             offset = self.out_arena.alloc(nbytes)
             if offset is not None:
                 self.out_arena.write(buf, offset)
@@ -181,6 +204,9 @@ class Worker:
         except ValueError as e:  # a client region that cannot be mapped, malformed BYTES
             self.send(transport.RESULT, transport.Result(header.batch_id, [], error=str(e)))
             return
+        if getattr(self.backend, "decoupled", False):
+            for index, request in enumerate(requests):
+                request.sender = self.stream_sender(header.batch_id, index)
         t1 = time.perf_counter_ns()
         try:
             responses = self.backend.execute(requests)

@@ -134,6 +134,26 @@ class InferenceResponse:
         return self._error
 
 
+class InferenceResponseSender:
+    """Sends a decoupled model's responses, any number per request, then the final flag."""
+
+    def __init__(self, send):
+        self._send = send
+        self._closed = False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if self._closed:
+            raise TritonModelException("this request's final response was already sent")
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None and not final:
+            raise TritonModelException("send() needs a response or the TRITONSERVER_RESPONSE_COMPLETE_FINAL flag")
+        self._closed = final
+        self._send(response, final)
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
 class InferenceRequest:
     """A request handed to execute(); constructed by a model, it is a BLS request."""
 
@@ -151,6 +171,7 @@ class InferenceRequest:
         self._parameters = parameters or "{}"
         self._model_version = model_version
         self._timeout = timeout
+        self._sender = _kwargs.get("response_sender")
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -176,8 +197,11 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         return False
 
-    def get_response_sender(self):
-        raise TritonModelException("decoupled response senders are not supported by tritonmp yet")
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException("get_response_sender() needs a model whose model_transaction_policy is "
+                                       "decoupled")
+        return self._sender
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """Run this request on another model of the server (BLS) and wait for its response."""

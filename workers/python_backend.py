@@ -21,6 +21,18 @@ def install_utils_module() -> None:
     sys.modules.setdefault("triton_python_backend_utils", pb_utils)
 
 
+def _work_response(result) -> WorkResponse:
+    """A python model's InferenceResponse as the worker loop sends it."""
+    if not isinstance(result, pb_utils.InferenceResponse):
+        return WorkResponse(error=f"execute() returned {type(result).__name__} where an InferenceResponse belongs")
+    if result.has_error():
+        err = result.error()
+        status = err.status_name() if isinstance(err, pb_utils.TritonError) else "INTERNAL"
+        message = err.message() if isinstance(err, pb_utils.TritonError) else str(err)
+        return WorkResponse(error=message, error_status=status)
+    return WorkResponse(outputs=[WorkTensor(t.name(), t._datatype, t.as_numpy()) for t in result.output_tensors()])
+
+
 class PythonBackend:
     def __init__(self, spec: WorkerSpec, config: dict):
         install_utils_module()
@@ -42,6 +54,7 @@ class PythonBackend:
         self.config = config
         self.instance_name = spec.instance_name
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
         self.model = module.TritonPythonModel()
         args = {
             "model_config": json.dumps(config),
@@ -65,9 +78,14 @@ class PythonBackend:
         pb_requests = []
         for r in requests:
             tensors = [pb_utils.Tensor(t.name, t.array, t.datatype) for t in r.inputs]
+            sender = None
+            if r.sender is not None:
+                sender = pb_utils.InferenceResponseSender(
+                    lambda response, final, send=r.sender: send(None if response is None else _work_response(response),
+                                                                final))
             pb_requests.append(pb_utils.InferenceRequest(
                 model_name=self.config["name"], inputs=tensors, requested_output_names=r.outputs,
-                request_id=r.id, parameters=json.dumps(r.parameters)))
+                request_id=r.id, parameters=json.dumps(r.parameters), response_sender=sender))
         try:
             results = self.model.execute(pb_requests)
             if inspect.iscoroutine(results):  # `async def execute`, as Triton allows
@@ -75,24 +93,13 @@ class PythonBackend:
         except Exception as e:
             raise BackendError(f"Failed to process the request(s) for model instance "
                                f"'{self.instance_name}', message: {type(e).__name__}: {e}") from None
+        if self.decoupled:
+            return []  # the responses went through the senders
         if results is None or len(results) != len(requests):
             got = "None" if results is None else f"{len(results)} responses"
             raise BackendError(f"model instance '{self.instance_name}' execute() returned {got} for "
                                f"{len(requests)} requests; it must return one InferenceResponse per request")
-        responses = []
-        for result in results:
-            if not isinstance(result, pb_utils.InferenceResponse):
-                responses.append(WorkResponse(error=f"execute() returned {type(result).__name__} where an "
-                                              "InferenceResponse belongs"))
-            elif result.has_error():
-                err = result.error()
-                status = err.status_name() if isinstance(err, pb_utils.TritonError) else "INTERNAL"
-                message = err.message() if isinstance(err, pb_utils.TritonError) else str(err)
-                responses.append(WorkResponse(error=message, error_status=status))
-            else:
-                outputs = [WorkTensor(t.name(), t._datatype, t.as_numpy()) for t in result.output_tensors()]
-                responses.append(WorkResponse(outputs=outputs))
-        return responses
+        return [_work_response(result) for result in results]
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:

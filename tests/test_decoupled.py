@@ -1,0 +1,61 @@
+"""Decoupled python models: any number of responses per request over the gRPC stream, sent from
+the model's own threads, errors in between; unary endpoints say they cannot serve them."""
+
+import queue
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+
+def _n(module, n):
+    x = module.InferInput("N", [1], "INT32")
+    x.set_data_from_numpy(np.array([n], np.int32))
+    return [x]
+
+
+def _collect(client, results, count, timeout=30):
+    got = []
+    for _ in range(count):
+        got.append(results.get(timeout=timeout))
+    return got
+
+
+def test_many_responses_per_request(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        client.async_stream_infer("repeat", _n(grpcclient, 3), request_id="three")
+        client.async_stream_infer("repeat", _n(grpcclient, 2), request_id="two")
+        got = _collect(client, results, 5)
+    finally:
+        client.stop_stream()
+    assert all(error is None for _, error in got)
+    by_id: dict[str, list[int]] = {}
+    for result, _ in got:
+        by_id.setdefault(result.get_response().id, []).append(int(result.as_numpy("I")[0]))
+    assert by_id == {"three": [0, 1, 2], "two": [0, 1]}
+
+
+def test_an_error_response_does_not_end_the_stream(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        client.async_stream_infer("repeat", _n(grpcclient, -1), request_id="mixed")
+        got = _collect(client, results, 3)
+    finally:
+        client.stop_stream()
+    assert got[0][1] is None and int(got[0][0].as_numpy("I")[0]) == 0
+    assert "negative counts are refused" in str(got[1][1])
+    assert got[2][1] is None and int(got[2][0].as_numpy("I")[0]) == 1
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_unary_inference_of_a_decoupled_model_is_refused(server, module):
+    client = module.InferenceServerClient(server.url if module is httpclient else server.grpc_url)
+    with pytest.raises(InferenceServerException, match="is decoupled"):
+        client.infer("repeat", _n(module, 1))
