@@ -287,7 +287,25 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
                                               f"{size} must lie between 1 and max_batch_size "
                                               f"({config.max_batch_size})"))
     if config.HasField("sequence_batching"):
-        problems.append(ConfigProblem(path, "sequence_batching", "not supported by this server yet"))
+        sb = config.sequence_batching
+        if config.HasField("dynamic_batching"):
+            problems.append(ConfigProblem(path, "sequence_batching", "a model has either dynamic_batching or "
+                                          "sequence_batching, not both"))
+        if sb.state:
+            problems.append(ConfigProblem(path, "sequence_batching.state", "implicit state is not supported by "
+                                          "this server yet; keep the state in the model"))
+        if sb.iterative_sequence:
+            problems.append(ConfigProblem(path, "sequence_batching.iterative_sequence", "not supported by this "
+                                          "server yet"))
+        for i, c in enumerate(sb.control_input):
+            for control in c.control:
+                if control.kind == mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
+                    continue
+                pair = control.int32_false_true or control.fp32_false_true or control.bool_false_true
+                if len(pair) != 2:
+                    problems.append(ConfigProblem(path, f"sequence_batching.control_input[{i}]",
+                                                  f"control '{c.name}' needs a false and a true value "
+                                                  "(int32_false_true, fp32_false_true or bool_false_true)"))
     if config.model_transaction_policy.decoupled and config.backend not in ("python", ""):
         problems.append(ConfigProblem(path, "model_transaction_policy.decoupled",
                                       f"only python models can be decoupled here, not {config.backend} ones"))

@@ -21,6 +21,7 @@ from .ensemble import EnsembleVersion
 from .errors import ServerError, internal, invalid, not_found, unavailable
 from .pool import InstancePool, InstanceSpec, LoadError
 from .scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
+from .sequence import SequenceScheduler
 from .validation import TensorConfig
 from .warmup import warmup_requests
 
@@ -68,8 +69,11 @@ class ModelVersion:
                              list(db.preferred_batch_size) if db else [],
                              (db.max_queue_delay_microseconds if db else 0) * 1000)
         self.pool.on_unavailable = self._crash_looped
-        self.scheduler = Scheduler(self.pool, policy, priorities=priorities_of(c),
-                                   preserve_ordering=bool(db and db.preserve_ordering))
+        if c.HasField("sequence_batching"):
+            self.scheduler = SequenceScheduler(self.pool, c)
+        else:
+            self.scheduler = Scheduler(self.pool, policy, priorities=priorities_of(c),
+                                       preserve_ordering=bool(db and db.preserve_ordering))
 
     def _crash_looped(self, why: str) -> None:
         self.state, self.reason = "UNAVAILABLE", why

@@ -83,9 +83,13 @@ class PythonBackend:
                 sender = pb_utils.InferenceResponseSender(
                     lambda response, final, send=r.sender: send(None if response is None else _work_response(response),
                                                                 final))
+            params = r.parameters or {}
+            flags = (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if params.get("sequence_start") else 0) | \
+                (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if params.get("sequence_end") else 0)
             pb_requests.append(pb_utils.InferenceRequest(
                 model_name=self.config["name"], inputs=tensors, requested_output_names=r.outputs,
-                request_id=r.id, parameters=json.dumps(r.parameters), response_sender=sender))
+                request_id=r.id, parameters=json.dumps(params), response_sender=sender,
+                correlation_id=params.get("sequence_id", 0), flags=flags))
         try:
             results = self.model.execute(pb_requests)
             if inspect.iscoroutine(results):  # `async def execute`, as Triton allows
