@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 REPO := configs/model_repository
 ARGS ?=
 
-.PHONY: install example-repo serve test test-compat lint bench clean
+.PHONY: install example-repo serve test test-compat test-torch lint bench clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ ANCHORS ?= $(HOME)/.cache/tritonmp-anchors
 test-compat: example-repo
 	@[ -x $(ANCHORS)/bin/tritonserver-ref ] || bash ../shared/anchors/setup.sh $(ANCHORS)
 	TRITONMP_ANCHORS=$(ANCHORS) $(BIN)/python -m pytest -q -m compat $(ARGS)
+
+# The PyTorch backend's tests need torch, an optional extra kept out of the base install.
+test-torch: example-repo
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,torch]'
+	$(BIN)/python -m pytest -q tests/test_pytorch.py $(ARGS)
 
 lint: install
 	$(BIN)/ruff check tritonmp workers tests scripts

@@ -46,6 +46,9 @@ def bad_repo(tmp_path):
     (repo / "torch_model" / "1").mkdir(parents=True)
     (repo / "torch_model" / "1" / "model.pt").write_bytes(b"not really")
     (repo / "torch_model" / "config.pbtxt").write_text('platform: "pytorch_libtorch"\nmax_batch_size: 1\n')
+    (repo / "trt_model" / "1").mkdir(parents=True)
+    (repo / "trt_model" / "1" / "model.plan").write_bytes(b"not really")
+    (repo / "trt_model" / "config.pbtxt").write_text('platform: "tensorrt_plan"\nmax_batch_size: 1\n')
     (repo / "no_versions").mkdir()
     (repo / "no_versions" / "config.pbtxt").write_text('backend: "python"\n')
     return repo
@@ -64,9 +67,10 @@ def test_check_reports_every_problem_and_exits_1(bad_repo):
     assert "garbled/config.pbtxt: not a valid ModelConfig in protobuf text format" in out
     assert ("unknown_input/config.pbtxt: input[0].name: 'Z' is not an input of the ONNX model; "
             "its inputs are: A, B") in out
-    assert "torch_model/config.pbtxt: backend: backend 'pytorch' is not available in this server" in out
+    assert "trt_model/config.pbtxt: backend: backend 'tensorrt' is not available in this server" in out
+    assert "torch_model/config.pbtxt: input: a TorchScript model does not describe its tensors" in out
     assert "no_versions: no version directory" in out
-    assert "7 model(s) checked, 7 problem(s) found" in out
+    assert "8 model(s) checked, 10 problem(s) found" in out
 
 
 def test_check_passes_a_good_repository(example_repo):

@@ -22,11 +22,11 @@ ModelConfig = mc.ModelConfig
 BACKENDS = {
     "onnxruntime": ("onnxruntime_onnx", "model.onnx"),
     "python": ("", "model.py"),
+    "pytorch": ("pytorch_libtorch", "model.pt"),
     "ensemble": ("ensemble", ""),  # runs in the frontend; its version directories hold no file
 }
 # Backends Triton has that this server does not run yet, with their default file names.
 KNOWN_BACKENDS = {
-    "pytorch": "model.pt",
     "tensorrt": "model.plan",
     "tensorflow": "model.savedmodel",
     "openvino": "model.xml",
@@ -183,6 +183,10 @@ def check_all(model_dir: str, auto_complete: bool = True,
             python_complete(config, model_py)
         except ConfigProblem as e:
             return problems + [e]
+    if backend == "pytorch" and (not config.input or not config.output):
+        problems.append(ConfigProblem(path, "input" if not config.input else "output",
+                                      "a TorchScript model does not describe its tensors: list every input and "
+                                      "output, named INPUT__0, OUTPUT__0, ... or in forward()'s order"))
     if backend == "onnxruntime":
         graph_file = os.path.join(model_dir, str(present[-1]), config.default_model_filename)
         try:

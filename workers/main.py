@@ -53,6 +53,10 @@ def load_backend(spec: transport.WorkerSpec, config: dict):
         from .python_backend import PythonBackend
 
         return PythonBackend(spec, config)
+    if spec.backend == "pytorch":
+        from .pytorch_backend import PyTorchBackend
+
+        return PyTorchBackend(spec, config)
     raise BackendError(f"backend '{spec.backend}' is not available in this server")
 
 
