@@ -12,6 +12,7 @@ class WorkTensor:
     name: str
     datatype: str
     array: np.ndarray
+    in_place: bool = False  # already written into its output buffer
 
 
 @dataclass
@@ -22,6 +23,9 @@ class WorkRequest:
     parameters: dict = field(default_factory=dict)
     batch_sizes: list[int] = field(default_factory=list)
     sender: object = None  # decoupled models: send(WorkResponse | None, final: bool)
+    # outputs the client wants in its system shared memory: name -> the writable window there, so a
+    # backend that can write its output in place saves a copy
+    output_buffers: dict = field(default_factory=dict)
 
 
 @dataclass

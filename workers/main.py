@@ -178,7 +178,9 @@ class Worker:
             if nbytes > shm_dest.nbytes:
                 raise OutputError(f"shared memory size specified with the request for output '{t.name}' "
                                   f"({shm_dest.nbytes} bytes) should be at least {nbytes} bytes to hold the results")
-            if shm_dest.cuda_handle:
+            if t.in_place:
+                pass  # the backend wrote it there
+            elif shm_dest.cuda_handle:
                 self.cuda_regions.write(shm_dest.cuda_handle, shm_dest.shm_id, shm_dest.cuda_device,
                                         shm_dest.offset, buf)
             elif nbytes:
@@ -208,6 +210,11 @@ class Worker:
         except ValueError as e:  # a client region that cannot be mapped, malformed BYTES
             self.send(transport.RESULT, transport.Result(header.batch_id, [], error=str(e)))
             return
+        for request, r in zip(requests, header.requests):
+            for dest in r.shm_outputs:
+                if dest.shm_key:
+                    view = self.client_regions.view(dest.shm_key, dest.shm_id)
+                    request.output_buffers[dest.name] = view[dest.offset:dest.offset + dest.nbytes]
         if getattr(self.backend, "decoupled", False):
             for index, request in enumerate(requests):
                 request.sender = self.stream_sender(header.batch_id, index)

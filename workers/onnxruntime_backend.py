@@ -19,6 +19,15 @@ _ORT_TO_TRITON = {
 }
 
 
+_NUMPY_OF_ORT = {
+    "tensor(float)": np.dtype(np.float32), "tensor(double)": np.dtype(np.float64),
+    "tensor(float16)": np.dtype(np.float16), "tensor(int8)": np.dtype(np.int8), "tensor(int16)": np.dtype(np.int16),
+    "tensor(int32)": np.dtype(np.int32), "tensor(int64)": np.dtype(np.int64), "tensor(uint8)": np.dtype(np.uint8),
+    "tensor(uint16)": np.dtype(np.uint16), "tensor(uint32)": np.dtype(np.uint32),
+    "tensor(uint64)": np.dtype(np.uint64), "tensor(bool)": np.dtype(np.bool_),
+}
+
+
 def _int_param(config: dict, key: str) -> int:
     value = config.get("parameters", {}).get(key, {}).get("string_value", "")
     return int(value) if value.strip().lstrip("-").isdigit() else 0
@@ -46,6 +55,7 @@ class OnnxRuntimeBackend:
             providers = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
         self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
         self.output_names = [o.name for o in self.session.get_outputs()]
+        self.output_meta = {o.name: o for o in self.session.get_outputs()}
         self.detail = "onnxruntime providers: " + ", ".join(self.session.get_providers())
 
     def metadata(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
@@ -66,6 +76,10 @@ class OnnxRuntimeBackend:
                                  dtype=np.object_).reshape(array.shape)
             feeds[t.name] = array
         names = request.outputs or self.output_names
+        if request.output_buffers:
+            placed = self._run_in_place(names, feeds, request.output_buffers)
+            if placed is not None:
+                return [WorkResponse(outputs=placed)]
         try:
             values = self.session.run(names, feeds)
         except Exception as e:  # onnxruntime raises its own exception types
@@ -78,6 +92,47 @@ class OnnxRuntimeBackend:
             datatype = "BYTES" if value.dtype == np.object_ else None
             outputs.append(WorkTensor(name, datatype or _numpy_name(value), value))
         return [WorkResponse(outputs=outputs)]
+
+    def _run_in_place(self, names: list[str], feeds: dict, buffers: dict) -> list[WorkTensor] | None:
+        """Run with onnxruntime writing outputs straight into the client's shared memory where their
+        shapes are known before the run; None when that is not possible here."""
+        batch = next((a.shape[0] for a in feeds.values() if getattr(a, "ndim", 0)), None)
+        binding = self.session.io_binding()
+        for name, array in feeds.items():
+            if not isinstance(array, np.ndarray) or array.dtype == np.object_:
+                return None
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        targets = {}
+        for name in names:
+            meta = self.output_meta[name]
+            buffer = buffers.get(name)
+            dtype = _NUMPY_OF_ORT.get(meta.type)
+            shape = [d if isinstance(d, int) else None for d in (meta.shape or [])]
+            if shape and shape[0] is None and batch is not None:
+                shape[0] = batch
+            if buffer is None or dtype is None or None in shape:
+                binding.bind_output(name, "cpu")
+                continue
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if nbytes > buffer.nbytes:
+                return None  # the frontend's size check reports it, on the ordinary path
+            target = np.frombuffer(buffer, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+            binding.bind_output(name, "cpu", 0, dtype, shape, target.ctypes.data)
+            targets[name] = target
+        if not targets:
+            return None
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as e:
+            raise BackendError(f"onnxruntime failed: {e}") from None
+        outputs = []
+        for name, value in zip(names, binding.get_outputs()):
+            if name in targets:
+                outputs.append(WorkTensor(name, _numpy_name(targets[name]), targets[name], in_place=True))
+            else:
+                array = value.numpy()
+                outputs.append(WorkTensor(name, _numpy_name(array), array))
+        return outputs
 
     def finalize(self) -> None:
         self.session = None
