@@ -132,3 +132,26 @@ def test_bytes_format_round_trips_and_rejects_truncation():
     assert datatypes.count_bytes_elements(raw) == 3
     with pytest.raises(ValueError):
         datatypes.count_bytes_elements(raw[:-1])
+
+
+def test_message_reader_splits_joined_messages_and_reads_large_ones():
+    import socket
+    import threading
+
+    a, b = socket.socketpair()
+    try:
+        big = bytes(range(256)) * 4096  # 1 MiB: larger than the reader's scratch buffer
+        messages = [(transport.EXECUTE, b"h1", [b"x" * 10]), (transport.STOP, b"", []),
+                    (transport.EXECUTE, b"h3", [big]), (transport.STOP, b"h4", [b"y"])]
+        wire = b"".join(bytes(memoryview(p).cast("B")) for m in messages for p in transport.pack(*m))
+        sender = threading.Thread(target=a.sendall, args=(wire,))
+        sender.start()
+        reader = transport.MessageReader(b, scratch=64 * 1024)
+        for kind, header, frames in messages:
+            got_kind, got_header, got_frames = transport.unpack(reader.read())
+            assert (got_kind, bytes(got_header), [bytes(f) for f in got_frames]) == (kind, header, frames)
+        sender.join()
+        a.close()
+        assert reader.read() is None  # the peer has gone
+    finally:
+        b.close()

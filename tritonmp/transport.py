@@ -216,13 +216,50 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> bool:
     return True
 
 
-def recv_message(sock: socket.socket) -> memoryview | None:
-    """Blocking read of one whole message (the worker's side); None when the peer has gone."""
-    prefix = bytearray(LENGTH.size)
-    if not _recv_exact(sock, memoryview(prefix)):
-        return None
-    (total,) = LENGTH.unpack(prefix)
-    body = bytearray(total)
-    if not _recv_exact(sock, memoryview(body)):
-        return None
-    return memoryview(body)
+class MessageReader:
+    """Blocking reads of whole messages (the worker's side): small messages cost one recv (several
+    may arrive in one), large ones are read straight into a buffer of their size."""
+
+    def __init__(self, sock: socket.socket, scratch: int = 256 * 1024):
+        self.sock = sock
+        self.scratch = bytearray(scratch)
+        self.view = memoryview(self.scratch)
+        self.start = 0  # unread bytes lie in scratch[start:end]
+        self.end = 0
+
+    def _fill(self) -> bool:
+        if self.start == self.end:
+            self.start = self.end = 0
+        elif self.end == len(self.scratch):  # move what is left to the front
+            rest = self.end - self.start
+            self.scratch[:rest] = self.view[self.start:self.end]
+            self.start, self.end = 0, rest
+        n = self.sock.recv_into(self.view[self.end:])
+        self.end += n
+        return n > 0
+
+    def read(self) -> memoryview | None:
+        """The next message without its length prefix; None when the peer has gone."""
+        while self.end - self.start < LENGTH.size:
+            if not self._fill():
+                return None
+        (total,) = LENGTH.unpack_from(self.scratch, self.start)
+        first = self.start + LENGTH.size
+        if first + total <= self.end:
+            self.start = first + total
+            return memoryview(bytes(self.view[first:first + total]))
+        while first + total <= len(self.scratch) and first + total > self.end:
+            if not self._fill():
+                return None
+            first = self.start + LENGTH.size
+        if first + total <= self.end:
+            self.start = first + total
+            return memoryview(bytes(self.view[first:first + total]))
+        # larger than what the scratch buffer can hold: the rest goes straight into its own buffer
+        body = bytearray(total)
+        have = self.end - first
+        body[:have] = self.view[first:self.end]
+        self.start = self.end = 0
+        if not _recv_exact(self.sock, memoryview(body)[have:]):
+            return None
+        return memoryview(body)

@@ -64,6 +64,7 @@ class Worker:
     def __init__(self, spec: transport.WorkerSpec):
         self.spec = spec
         self.sock = socket.socket(fileno=spec.fd)
+        self.reader = transport.MessageReader(self.sock)
         self.send_lock = threading.Lock()
         self.in_arena = Arena(spec.in_arena, 0, create=False)
         self.out_arena = Arena(spec.out_arena, 0, create=False)
@@ -114,7 +115,7 @@ class Worker:
                                       request.requested_output_names(), params)
         self.send(transport.BLS, header, frames)
         while True:
-            message = transport.recv_message(self.sock)
+            message = self.reader.read()
             if message is None:
                 raise SystemExit(0)  # the frontend has gone
             kind, head, reply_frames = transport.unpack(message)
@@ -246,7 +247,7 @@ class Worker:
 
     def serve(self) -> None:
         while True:
-            message = transport.recv_message(self.sock)
+            message = self.reader.read()
             if message is None:
                 break  # the frontend has gone
             kind, header, frames = transport.unpack(message)
