@@ -105,6 +105,53 @@ class Server:
                  signal.Signals(signum).name, self.exit_timeout)
         self.stop_requested.set()
 
+    def _serve_asgi(self, app, address: str, port: int, **options) -> tuple[_Uvicorn, asyncio.Task]:
+        """An ASGI app on uvicorn in this loop. The socket is bound here, so the port listens (and a
+        busy port fails) before serving starts."""
+        config = uvicorn.Config(app, loop="none", http="httptools", lifespan="off", access_log=False,
+                                log_level="warning", **options)
+        sock = socket.create_server((address, port), backlog=4096)
+        server = _Uvicorn(config)
+        return server, asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+
+    async def _start_frontends(self, models: ModelManager, dataplane: Dataplane) -> None:
+        ep = self.endpoints
+        if ep.allow_http:
+            self.http, self.http_task = self._serve_asgi(HttpApp(dataplane), ep.http_address, ep.http_port,
+                                                         timeout_graceful_shutdown=self.exit_timeout)
+            log.info("Started HTTPService at %s:%d", ep.http_address, ep.http_port)
+        if ep.allow_metrics:
+            system = SystemSampler(ep.allow_cpu_metrics, ep.allow_gpu_metrics, self.options.gpus)
+            self.sampler_task = asyncio.get_running_loop().create_task(system.run(ep.metrics_interval))
+            self.metrics, self.metrics_task = self._serve_asgi(MetricsApp(models, system), ep.metrics_address,
+                                                               ep.metrics_port)
+            log.info("Started Metrics Service at %s:%d", ep.metrics_address, ep.metrics_port)
+        if ep.allow_grpc:
+            self.grpc = await grpc_frontend.start(dataplane, EXTENSIONS, ep.grpc_address, ep.grpc_port, ep.grpc_tls)
+            log.info("Started GRPCInferenceService at %s:%d", ep.grpc_address, ep.grpc_port)
+
+    async def _drain_frontends(self, deadline: float) -> bool:
+        """Stop accepting and let requests in flight finish until the deadline; False when a second
+        signal cut that short."""
+        drains = []
+        if self.sampler_task is not None:
+            self.sampler_task.cancel()
+        if self.metrics is not None:
+            self.metrics.should_exit = True
+            drains.append(self.metrics_task)
+        if self.grpc is not None:
+            drains.append(self.grpc.stop(max(0.0, deadline - time.monotonic())))
+        if self.http is not None:
+            self.http.should_exit = True
+            drains.append(self.http_task)
+        draining = asyncio.gather(*drains, return_exceptions=True)
+        forced = asyncio.get_running_loop().create_task(self.force_stop.wait())
+        await asyncio.wait({draining, forced}, return_when=asyncio.FIRST_COMPLETED)
+        forced.cancel()
+        if self.force_stop.is_set() and self.grpc is not None:
+            await self.grpc.stop(0)
+        return not self.force_stop.is_set()
+
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -118,38 +165,9 @@ class Server:
                               self.log_settings, self.tracer)
         models.bls = dataplane.infer
         poller = None
-        http = None
-        http_task = None
-        grpc_server = None
-        metrics_server = metrics_task = sampler_task = None
         code = 0
         try:
-            if self.endpoints.allow_http:
-                config = uvicorn.Config(HttpApp(dataplane), host=self.endpoints.http_address,
-                                        port=self.endpoints.http_port, loop="none", http="httptools",
-                                        lifespan="off", access_log=False, log_level="warning",
-                                        timeout_graceful_shutdown=self.exit_timeout, backlog=4096)
-                # bind here, so the port listens (and a busy port fails) before serving starts
-                sock = socket.create_server((self.endpoints.http_address, self.endpoints.http_port),
-                                            backlog=4096, reuse_port=False)
-                http = self.http = _Uvicorn(config)
-                http_task = loop.create_task(http.serve(sockets=[sock]))
-                log.info("Started HTTPService at %s:%d", self.endpoints.http_address, self.endpoints.http_port)
-            if self.endpoints.allow_metrics:
-                ep = self.endpoints
-                system = SystemSampler(ep.allow_cpu_metrics, ep.allow_gpu_metrics, self.options.gpus)
-                sampler_task = loop.create_task(system.run(ep.metrics_interval))
-                config = uvicorn.Config(MetricsApp(models, system), loop="none", http="httptools", lifespan="off",
-                                        access_log=False, log_level="warning")
-                sock = socket.create_server((ep.metrics_address, ep.metrics_port), backlog=128)
-                metrics_server = _Uvicorn(config)
-                metrics_task = loop.create_task(metrics_server.serve(sockets=[sock]))
-                log.info("Started Metrics Service at %s:%d", ep.metrics_address, ep.metrics_port)
-            if self.endpoints.allow_grpc:
-                grpc_server = await grpc_frontend.start(dataplane, EXTENSIONS, self.endpoints.grpc_address,
-                                                        self.endpoints.grpc_port, self.endpoints.grpc_tls)
-                log.info("Started GRPCInferenceService at %s:%d", self.endpoints.grpc_address,
-                         self.endpoints.grpc_port)
+            await self._start_frontends(models, dataplane)
             names = self.load_models if self.model_control == "explicit" else None
             load = loop.create_task(models.load_all(names))
             stop = loop.create_task(self.stop_requested.wait())
@@ -158,10 +176,9 @@ class Server:
                 load.result()
                 dataplane.loaded = True
                 log.info("\n%s", _model_table(models))
-                down = len(models.failures())
-                self.notifier.notify("READY=1", "STATUS=serving" + (f"; {down} model version(s) unavailable"
-                                                                    if down else ""))
                 failures = models.failures()
+                self.notifier.notify("READY=1", "STATUS=serving" + (f"; {len(failures)} model version(s) "
+                                                                    "unavailable" if failures else ""))
                 if failures and self.exit_on_error:
                     log.error("failed to load all models:\n  %s", "\n  ".join(failures))
                     code = 1
@@ -177,25 +194,8 @@ class Server:
             if poller is not None:
                 poller.cancel()
             deadline = time.monotonic() + self.exit_timeout
-            drains = []
-            if sampler_task is not None:
-                sampler_task.cancel()
-            if metrics_server is not None:
-                metrics_server.should_exit = True
-                drains.append(metrics_task)
-            if grpc_server is not None:
-                drains.append(grpc_server.stop(max(0.0, deadline - time.monotonic())))
-            if http is not None:
-                http.should_exit = True
-                drains.append(http_task)
-            draining = asyncio.gather(*drains, return_exceptions=True)
-            forced = loop.create_task(self.force_stop.wait())
-            await asyncio.wait({draining, forced}, return_when=asyncio.FIRST_COMPLETED)
-            if self.force_stop.is_set():
+            if not await self._drain_frontends(deadline):
                 deadline = time.monotonic()  # a second signal: stop workers now, still cleaning up
-                if grpc_server is not None:
-                    await grpc_server.stop(0)
-            forced.cancel()
             await models.stop(deadline)
             self.tracer.flush()
             watchdog.cancel()
