@@ -107,3 +107,14 @@ def test_ensemble_config_problems(repo):
     assert "ensemble_scheduling.step[1].input_map: ensemble tensor(s) SUM are neither ensemble inputs nor " \
            "produced by another step" in out
     assert "output: ensemble output 'SUM' is produced by no step" in out
+
+
+def test_check_follows_ensemble_steps_to_their_models(repo):
+    from test_config import _check
+
+    text = PIPELINE.replace('model_name: "scale", model_version: -1', 'model_name: "missing", model_version: -1')
+    text = text.replace('input_map { key: "B" value: "IN_B" }', 'input_map { key: "Q" value: "IN_B" }')
+    (repo / "pipeline" / "config.pbtxt").write_text(text)
+    out = _check(repo).stdout
+    assert "ensemble_scheduling.step[1].model_name: no model 'missing' in the repositories" in out
+    assert "ensemble_scheduling.step[0].input_map: 'Q' is not an input of 'add' (it has A, B)" in out
