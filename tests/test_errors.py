@@ -115,12 +115,6 @@ def test_wrong_method_and_unknown_route(server):
     assert status == 404 and orjson.loads(raw) == {"error": "Not Found"}
 
 
-def test_routes_not_served_yet_say_so(server):
-    status, _, raw = server.post("/v2/models/add/generate", b"{}")
-    assert status == 501
-    assert "not supported" in orjson.loads(raw)["error"]
-
-
 def test_model_that_raises_fails_only_its_request(server, good_traffic):
     status, _, raw = server.post("/v2/models/fail/infer", orjson.dumps(
         {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [0]}]}))

@@ -23,7 +23,7 @@ log = logging.getLogger("tritonmp.dataplane")
 # The Triton extensions this server really implements, as server metadata lists them.
 EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "parameters", "statistics",
               "system_shared_memory", "cuda_shared_memory", "model_repository",
-              "model_repository(unload_dependents)", "logging", "trace"]
+              "model_repository(unload_dependents)", "logging", "trace"]  # Triton lists no "generate" either
 
 
 class Dataplane:

@@ -13,7 +13,7 @@ import re
 
 import orjson
 
-from . import __version__, http_codec
+from . import __version__, generate, http_codec
 from .dataplane import EXTENSIONS, Dataplane
 from .errors import ServerError
 
@@ -33,6 +33,8 @@ ROUTES = [
     (re.compile(_MODEL + r"/ready"), "GET", "model_ready"),
     (re.compile(_MODEL + r"/config"), "GET", "model_config"),
     (re.compile(_MODEL + r"/stats"), "GET", "model_stats"),
+    (re.compile(_MODEL + r"/generate"), "POST", "generate"),
+    (re.compile(_MODEL + r"/generate_stream"), "POST", "generate_stream"),
     (re.compile(r"/v2/trace/setting"), "GET", "trace_get"),
     (re.compile(r"/v2/trace/setting"), "POST", "trace_update"),
     (re.compile(r"/v2/models/(?P<model>[^/]+)/trace/setting"), "GET", "trace_get"),
@@ -48,10 +50,6 @@ ROUTES = [
      "shm_register"),
     (re.compile(r"/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<region>[^/]+))?/unregister"), "POST",
      "shm_unregister"),
-]
-# Triton routes this server does not serve yet: answered 501 with the reason, never faked.
-NOT_YET = [
-    (re.compile(_MODEL + r"/generate(_stream)?"), "the generate extension"),
 ]
 
 
@@ -112,10 +110,6 @@ class HttpApp:
             if wrong_method:
                 await _send(send, 405, _error_body("Method Not Allowed"), _TEXT)
                 return
-            for pattern, what in NOT_YET:
-                if pattern.fullmatch(path):
-                    await _send(send, 501, _error_body(f"{what} is not supported by this server yet"))
-                    return
             await _send(send, 404, _error_body("Not Found"), _TEXT)
         except ServerError as e:
             await _send(send, e.status.http_status, _error_body(e.message))
@@ -153,6 +147,40 @@ class HttpApp:
 
     async def all_stats(self, receive, send) -> None:
         await _send(send, 200, orjson.dumps(self.dp.statistics("", "")))
+
+    # -- the generate extension ----------------------------------------------------------------
+    def _generate_request(self, doc: dict, model: str, version: str | None):
+        mv = self.dp.models.get(model, version or "")
+        return generate.decode(doc, model, version or "", mv.inputs, mv.max_batch_size)
+
+    async def generate(self, receive, send, model: str, version: str | None) -> None:
+        request = self._generate_request(await _json_body(receive), model, version)
+        responses = []
+        async for item in self.dp.infer_stream(request):
+            if isinstance(item, ServerError):
+                raise item
+            responses.append(item)
+        if len(responses) != 1:
+            raise ServerError(f"generate expects one response from model '{model}', it sent {len(responses)}; "
+                              "use generate_stream")
+        await _send(send, 200, orjson.dumps(generate.encode(responses[0])))
+
+    async def generate_stream(self, receive, send, model: str, version: str | None) -> None:
+        """Server-sent events, one `data:` line per response; an error ends the stream as an event."""
+        request = self._generate_request(await _json_body(receive), model, version)
+        stream = self.dp.infer_stream(request)
+        first = await anext(stream, None)  # errors before any response still get a status code
+        if isinstance(first, ServerError):
+            raise first
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        item = first
+        while item is not None:
+            event = {"error": item.message} if isinstance(item, ServerError) else generate.encode(item)
+            await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(event) + b"\n\n",
+                        "more_body": True})
+            item = await anext(stream, None)
+        await send({"type": "http.response.body", "body": b""})
 
     # -- tracing -----------------------------------------------------------------------------
     async def trace_get(self, receive, send, model: str = "") -> None:
