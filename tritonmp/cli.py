@@ -46,6 +46,8 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-interval-ms", type=float, default=2000.0)
     p.add_argument("--trace-config", action="append", default=[], metavar="[triton,]KEY=VALUE",
                    help="tracing: file=PATH, level=OFF|TIMESTAMPS, rate=N, count=N, log-frequency=N")
+    p.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
+                   help="the response cache, for models whose config enables response_cache")
     p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="with --model-control-mode=explicit: a model to load at startup ('*' for all)")
@@ -117,10 +119,12 @@ def serve(argv: list[str]) -> int:
                             exit_timeout=args.exit_timeout_secs, execution_timeout=args.execution_timeout_secs,
                             gpus=visible_gpus())
     from .errors import ServerError
+    from .response_cache import from_flags as cache_from_flags
     from .tracing import Tracer, settings_from_flags
 
     try:
         tracer = Tracer(settings_from_flags(args.trace_config))
+        cache = cache_from_flags(args.cache_config)
     except ServerError as e:
         log.error("%s", e)
         return 1
@@ -134,7 +138,7 @@ def serve(argv: list[str]) -> int:
     async def main() -> int:
         server = Server(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs,
                         args.allow_client_shm, args.model_control_mode, args.load_model,
-                        args.repository_poll_secs, log_settings, tracer)
+                        args.repository_poll_secs, log_settings, tracer, cache)
         return await server.run()
 
     try:

@@ -14,6 +14,7 @@ from .core import InferRequest, InferResponse
 from .errors import ServerError, invalid, unavailable, unsupported
 from .log_settings import LogSettings
 from .model_manager import ModelManager
+from .response_cache import ResponseCache
 from .shm_registry import SharedMemoryRegistry
 from .tracing import Tracer
 from .validation import check_request
@@ -29,8 +30,9 @@ EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "pa
 class Dataplane:
     def __init__(self, models: ModelManager, strict_readiness: bool = True, allow_client_shm: bool = False,
                  model_control: str = "none", log_settings: LogSettings | None = None,
-                 tracer: Tracer | None = None):
+                 tracer: Tracer | None = None, cache: ResponseCache | None = None):
         self.models = models
+        self.cache = cache
         self.tracer = tracer or Tracer()
         self.log_settings = log_settings or LogSettings()
         self.model_control = model_control
@@ -179,9 +181,25 @@ class Dataplane:
     async def _infer(self, mv, request: InferRequest) -> InferResponse:
         self._prepare(mv, request)
         wanted = {o.name: class_count(o.parameters, o.name) for o in request.outputs or ()}
+        key = None
+        if self.cache is not None and mv.config.response_cache.enable:
+            started = time.monotonic_ns()
+            key = self.cache.key(request, mv.name, mv.version)
+            cached = self.cache.get(key, request, mv.name, str(mv.version)) if key is not None else None
+            if cached is not None:
+                mv.pool.stats.cache_hit(time.monotonic_ns() - started, request.batch_size)
+                return self._classify(mv, cached, wanted)
         if request.trace is not None:
             request.trace.mark("QUEUE_START")
         response = await mv.scheduler.submit(request)
+        if key is not None:
+            started = time.monotonic_ns()
+            self.cache.put(key, response)
+            mv.pool.stats.cache_miss(time.monotonic_ns() - started)
+        return self._classify(mv, response, wanted)
+
+    @staticmethod
+    def _classify(mv, response: InferResponse, wanted: dict) -> InferResponse:
         if any(wanted.values()):
             batched = mv.max_batch_size > 0
             response.outputs = [classify(t, wanted[t.name], batched, mv.labels.get(t.name))

@@ -20,6 +20,7 @@ from .http_server import HttpApp
 from .log_settings import LogSettings
 from .metrics import MetricsApp, SystemSampler
 from .model_manager import ModelManager, ServerOptions
+from .response_cache import ResponseCache
 from .sd_notify import Notifier
 from .tracing import Tracer
 
@@ -75,7 +76,8 @@ class Server:
     def __init__(self, options: ServerOptions, endpoints: Endpoints, strict_readiness: bool = True,
                  exit_on_error: bool = True, exit_timeout: float = 30.0, allow_client_shm: bool = False,
                  model_control: str = "none", load_models: list[str] | None = None, poll_secs: float = 15.0,
-                 log_settings: LogSettings | None = None, tracer: Tracer | None = None):
+                 log_settings: LogSettings | None = None, tracer: Tracer | None = None,
+                 cache: ResponseCache | None = None):
         self.options = options
         self.endpoints = endpoints
         self.strict_readiness = strict_readiness
@@ -87,6 +89,7 @@ class Server:
         self.poll_secs = poll_secs
         self.log_settings = log_settings or LogSettings()
         self.tracer = tracer or Tracer()
+        self.cache = cache
         self.stop_requested = asyncio.Event()
         self.force_stop = asyncio.Event()
         self.signals = 0
@@ -162,7 +165,7 @@ class Server:
             log.warning("removed %d shared-memory segments left by a server that is gone", len(removed))
         models = ModelManager(self.options)
         dataplane = Dataplane(models, self.strict_readiness, self.allow_client_shm, self.model_control,
-                              self.log_settings, self.tracer)
+                              self.log_settings, self.tracer, self.cache)
         models.bls = dataplane.infer
         poller = None
         code = 0

@@ -13,7 +13,8 @@ LATENCY_BUCKETS_US = (100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 1000
 class ModelStats:
     """Counters of one model version. Durations are nanoseconds, as Triton reports them."""
 
-    KINDS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+    KINDS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
+             "cache_miss")
 
     def __init__(self, name: str, version: int):
         self.name = name
@@ -47,6 +48,15 @@ class ModelStats:
         entry[2] += infer_ns
         entry[3] += output_ns
 
+    def cache_hit(self, lookup_ns: int, batch_size: int) -> None:
+        """A response served from the cache: a success, but no inference (as Triton counts it)."""
+        self._add("cache_hit", lookup_ns)
+        self._add("success", lookup_ns)
+        self.last_inference_ms = int(time.time() * 1000)
+
+    def cache_miss(self, insert_ns: int) -> None:
+        self._add("cache_miss", insert_ns)
+
     def finished(self, ok: bool, batch_size: int, duration_ns: int, reason: str = "BACKEND") -> None:
         """A request that reached the queue is done; `reason` says why it failed (Triton's labels:
         REJECTED, CANCELED, BACKEND, OTHER)."""
@@ -69,8 +79,6 @@ class ModelStats:
             return {"count": count, "ns": ns}
 
         inference = {k: d(self.counts[k], self.ns[k]) for k in self.KINDS}
-        inference["cache_hit"] = d(0, 0)
-        inference["cache_miss"] = d(0, 0)
         batches = [{"batch_size": size, "compute_input": d(e[0], e[1]), "compute_infer": d(e[0], e[2]),
                     "compute_output": d(e[0], e[3])} for size, e in sorted(self.batches.items())]
         return {"name": self.name, "version": str(self.version), "last_inference": self.last_inference_ms,
