@@ -152,3 +152,17 @@ def test_hung_model_is_killed_by_the_watchdog_and_restarted(start_server, tmp_pa
     calls.send("next", 0.0)  # served by the restarted worker
     calls.join()
     assert isinstance(calls.results["next"], int)
+
+
+def test_a_model_stuck_in_initialize_fails_its_load(start_server, tmp_path):
+    model = tmp_path / "repo" / "stuck"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(
+        "import threading\n\n\nclass TritonPythonModel:\n    def initialize(self, args):\n"
+        "        threading.Event().wait()\n")
+    (model / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\ninput [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+    server = start_server([tmp_path / "repo"], "--model-load-timeout-secs", "1", wait=False)
+    assert server.proc.wait(60) == 1
+    assert "instance 'stuck_0_0' did not finish loading within 1s (--model-load-timeout-secs)" in server.log()

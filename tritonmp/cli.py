@@ -78,6 +78,9 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--execution-timeout-secs", type=float, default=0.0,
                    help="kill and restart a worker whose batch runs longer than this (0: no limit); a model "
                         "may set its own with the config parameter execution_timeout_secs")
+    p.add_argument("--model-load-timeout-secs", type=float, default=600.0,
+                   help="kill a worker that has not loaded its model after this long, failing the load (0: wait "
+                        "forever)")
     p.add_argument("--arena-mb", type=int, default=64,
                    help="size of each worker's input and output shared-memory arena, in MiB")
     return p
@@ -117,6 +120,7 @@ def serve(argv: list[str]) -> int:
                             workers=args.workers, auto_complete=auto_complete,
                             arena_bytes=args.arena_mb << 20, log_verbose=args.log_verbose,
                             exit_timeout=args.exit_timeout_secs, execution_timeout=args.execution_timeout_secs,
+                            load_timeout=args.model_load_timeout_secs,
                             gpus=visible_gpus())
     from .errors import ServerError
     from .response_cache import from_flags as cache_from_flags

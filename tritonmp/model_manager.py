@@ -37,6 +37,7 @@ class ServerOptions:
     log_verbose: int = 0
     exit_timeout: float = 30.0
     execution_timeout: float = 0.0
+    load_timeout: float = 0.0
     gpus: list[int] = field(default_factory=list)
 
 
@@ -63,6 +64,7 @@ class ModelVersion:
         self.pool.warmup = warmup_requests(c, completed.model_dir)
         self.pool.gpus = options.gpus
         self.pool.decoupled = c.model_transaction_policy.decoupled
+        self.pool.load_timeout = options.load_timeout
         self.pool.execution_timeout = _execution_timeout(c, options.execution_timeout)
         db = c.dynamic_batching if c.HasField("dynamic_batching") else None
         policy = BatchPolicy(c.max_batch_size, db is not None,

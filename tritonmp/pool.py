@@ -125,7 +125,14 @@ class Instance:
             lambda: Channel(self.on_message, self._on_channel_lost), ours)
         self._watch = loop.create_task(self._watch_exit(self.proc))
         try:
-            ready = await self.ready
+            ready = await asyncio.wait_for(asyncio.shield(self.ready), pool.load_timeout or None)
+        except asyncio.TimeoutError:
+            self.ready.cancel()
+            self.kill_reason = "was killed while loading"
+            self.proc.kill()
+            self._release()
+            raise LoadError(f"instance '{self.spec.name}' did not finish loading within {pool.load_timeout:g}s "
+                            "(--model-load-timeout-secs)") from None
         except LoadError:
             self._release()
             raise
@@ -451,6 +458,7 @@ class InstancePool:
         self.gpus: list[int] | None = None  # the server's GPUs, for KIND_MODEL instances
         self.execution_timeout = 0.0  # seconds a batch may run before its worker is killed; 0: no limit
         self.decoupled = False  # responses stream back, any number per request
+        self.load_timeout = 0.0  # seconds a worker may take to load before it is killed; 0: no limit
         self.bls: Callable | None = None  # the dataplane's infer, for models' own requests (BLS)
         self.instances = [Instance(self, s) for s in specs]
         self.idle: deque[Instance] = deque()
