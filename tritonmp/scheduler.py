@@ -87,6 +87,28 @@ class Priorities:
         return self.policies.get(level, self.default_policy)
 
 
+class DrainWaiters:
+    """Callers waiting until a scheduler has nothing queued or running (a retiring model version)."""
+
+    def __init__(self, busy: Callable[[], bool]):
+        self.busy = busy
+        self.waiters: list[asyncio.Future] = []
+
+    async def wait(self) -> None:
+        while self.busy():
+            waiter = asyncio.get_running_loop().create_future()
+            self.waiters.append(waiter)
+            await waiter
+
+    def wake(self) -> None:
+        """Called whenever work ends: lets the waiters go once nothing is left."""
+        if self.waiters and not self.busy():
+            waiters, self.waiters = self.waiters, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+
+
 def _transfer(source: asyncio.Future, target: asyncio.Future) -> None:
     if target.done():
         return
@@ -115,7 +137,7 @@ class Scheduler:
         self._last_ordered: asyncio.Future | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
-        self._drain_waiters: list[asyncio.Future] = []
+        self._drain = DrainWaiters(self.busy)
         pool.on_idle = self.pump
         pool.on_down = self.fail_all
 
@@ -216,18 +238,11 @@ class Scheduler:
 
     async def drained(self) -> None:
         """Return once nothing is queued or running."""
-        while self.busy():
-            waiter = asyncio.get_running_loop().create_future()
-            self._drain_waiters.append(waiter)
-            await waiter
+        await self._drain.wait()
 
     def pump(self) -> None:
         """Expire timed-out requests, then hand batches to idle instances while there are both."""
-        if self._drain_waiters and not self.busy():
-            waiters, self._drain_waiters = self._drain_waiters, []
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
+        self._drain.wake()
         next_deadline = self._expire(self.clock())
         if next_deadline is not None:
             self._arm(next_deadline)

@@ -21,6 +21,7 @@ from . import datatypes
 from .core import InferRequest, Tensor
 from .errors import invalid
 from .pool import Instance, InstancePool
+from .scheduler import DrainWaiters
 
 log = logging.getLogger("tritonmp.sequence")
 Kind = mc.ModelSequenceBatching.Control
@@ -62,7 +63,7 @@ class SequenceScheduler:
         self.sequences: dict[object, Sequence] = {}
         self.backlog: deque[Sequence] = deque()  # started sequences waiting for an instance
         self._timer: asyncio.TimerHandle | None = None
-        self._drain_waiters: list[asyncio.Future] = []
+        self._drain = DrainWaiters(self.busy)
         pool.on_idle = self.pump
         pool.on_down = self.fail_all
 
@@ -135,10 +136,7 @@ class SequenceScheduler:
         return any(s.pending or s.running for s in self.sequences.values())
 
     async def drained(self) -> None:
-        while self.busy():
-            waiter = asyncio.get_running_loop().create_future()
-            self._drain_waiters.append(waiter)
-            await waiter
+        await self._drain.wait()
 
     def pump(self) -> None:
         idle = self.pool.idle
@@ -150,11 +148,7 @@ class SequenceScheduler:
             seq.running = request
             request.future.add_done_callback(lambda _, s=seq: self._finished(s))
             seq.instance.run([request])
-        if self._drain_waiters and not self.busy():
-            waiters, self._drain_waiters = self._drain_waiters, []
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
+        self._drain.wake()
 
     def _finished(self, seq: Sequence) -> None:
         seq.running = None
