@@ -42,9 +42,21 @@ def wait_for(condition, timeout: float, what: str) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports: all held open while they are chosen, so none is handed out twice."""
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def http_request(port: int, method: str, path: str, body: bytes | None = None, headers=None,
@@ -78,9 +90,7 @@ class ServerProcess:
     """A running `tritonmp` process: its ports, its log, and helpers to wait on it."""
 
     def __init__(self, repos: list[Path], args: list[str], log_path: Path):
-        self.http_port = free_port()
-        self.grpc_port = free_port()
-        self.metrics_port = free_port()
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         self.log_path = log_path
         self.log_file = open(log_path, "wb")
         cmd = [*TRITONMP, "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),

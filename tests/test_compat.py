@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from conftest import EXAMPLE_REPO, TEST_MODELS, ServerProcess, free_port, http_request, shm_segments
+from conftest import EXAMPLE_REPO, TEST_MODELS, ServerProcess, free_ports, http_request, shm_segments
 
 ANCHORS = Path(os.environ.get("TRITONMP_ANCHORS", Path.home() / ".cache" / "tritonmp-anchors"))
 REFERENCE = ANCHORS / "bin" / "tritonserver-ref"
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.compat,
 
 class Reference:
     def __init__(self, repo: Path, log_path: Path):
-        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         self.log_file = open(log_path, "wb")
         self.proc = subprocess.Popen(
             [str(REFERENCE), "--model-repository", str(repo), "--model-control-mode=explicit", "--load-model=*",

@@ -77,11 +77,13 @@ def test_metrics_can_be_turned_off(start_server, example_repo):
     samples = _scrape(server)
     assert not any(k.startswith("nv_cpu_") for k in samples)
     assert any(k.startswith("nv_inference_count") for k in samples)
-    off = start_server([example_repo], "--allow-metrics=false")
+    off = start_server([example_repo], "--allow-metrics=false", "--allow-grpc=false")
     with pytest.raises(OSError):
         conn = http.client.HTTPConnection("127.0.0.1", off.metrics_port, timeout=5)
         conn.request("GET", "/metrics")
         conn.getresponse()
+    assert off.stop() == 0  # a server without some frontends still stops cleanly
+    assert "Traceback" not in off.log()
 
 
 def test_metric_names_follow_prometheus_rules(server):

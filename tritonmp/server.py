@@ -95,6 +95,11 @@ class Server:
         self.signals = 0
         self.notifier = Notifier()
         self.http: _Uvicorn | None = None
+        self.http_task: asyncio.Task | None = None
+        self.metrics: _Uvicorn | None = None
+        self.metrics_task: asyncio.Task | None = None
+        self.sampler_task: asyncio.Task | None = None
+        self.grpc = None
 
     def _on_signal(self, signum: int) -> None:
         self.signals += 1
