@@ -28,15 +28,21 @@ sys.path.insert(0, os.path.dirname(__file__))
 from make_example_repo import binary_op_model, write  # noqa: E402
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports, all held while they are chosen."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 class Server:
     def __init__(self, repo: str, *args: str):
-        self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
+        self.http, self.grpc, self.metrics = free_ports(3)
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tritonmp", "--model-repository", repo, "--http-port", str(self.http),

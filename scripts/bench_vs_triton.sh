@@ -31,7 +31,13 @@ trap cleanup EXIT
 mkdir -p "$work/repo"
 cp -r "$root/configs/model_repository/add_py" "$work/repo/"
 
-free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# six distinct free ports, all held while they are chosen
+read -r mp_http mp_grpc mp_metrics ref_http ref_grpc ref_metrics < <("$py" -c '
+import socket
+ss = [socket.socket() for _ in range(6)]
+for s in ss:
+    s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in ss])')
 wait_ready() {
   for _ in $(seq 600); do
     curl -sf "localhost:$1/v2/health/ready" >/dev/null && return 0
@@ -40,7 +46,6 @@ wait_ready() {
   echo "server on port $1 did not become ready; its log:" >&2; cat "$2" >&2; exit 1
 }
 
-mp_http=$(free_port); mp_grpc=$(free_port); mp_metrics=$(free_port); ref_http=$(free_port); ref_grpc=$(free_port); ref_metrics=$(free_port)
 "$py" -m tritonmp --model-repository "$work/repo" --http-port "$mp_http" --grpc-port "$mp_grpc" \
   --metrics-port "$mp_metrics" >"$work/tritonmp.log" 2>&1 &
 pids+=($!)
