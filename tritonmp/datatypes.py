@@ -128,13 +128,6 @@ def count_bytes_elements(buffer) -> int:
     return n_items
 
 
-def to_array(datatype: str, shape, buffer) -> np.ndarray:
-    """A numpy view (BYTES: a decoded object array) of a raw tensor buffer."""
-    if datatype == "BYTES":
-        return deserialize_bytes(buffer).reshape(shape)
-    return np.frombuffer(buffer, dtype=NUMPY_OF[datatype]).reshape(shape)
-
-
 def to_buffer(datatype: str, array: np.ndarray):
     """The raw bytes of an array in the wire layout of `datatype` (a buffer, not always a copy)."""
     if datatype == "BYTES":

@@ -30,17 +30,6 @@ def parameters_dict(params) -> dict:
     return {k: parameter_value(v) for k, v in params.items()}
 
 
-def set_parameter(target: pb.InferParameter, value) -> None:
-    if isinstance(value, bool):
-        target.bool_param = value
-    elif isinstance(value, int):
-        target.int64_param = value
-    elif isinstance(value, float):
-        target.double_param = value
-    else:
-        target.string_param = str(value)
-
-
 def _typed_contents(t, datatype: str) -> bytes:
     field = CONTENTS_FIELD.get(datatype)
     if field is None:
