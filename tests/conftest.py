@@ -70,6 +70,34 @@ def http_request(port: int, method: str, path: str, body: bytes | None = None, h
         conn.close()
 
 
+def add_inputs(module, a, b=None):
+    """Inputs A and B of the add models (B defaults to A), for tritonclient.http or .grpc."""
+    from tritonclient.utils import np_to_triton_dtype
+
+    b = a if b is None else b
+    inputs = []
+    for name, value in (("A", a), ("B", b)):
+        tensor = module.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    return inputs
+
+
+# a python model taking X and answering Y, both FP32 of shape [1], unbatched
+X_TO_Y_CONFIG = ('backend: "python"\nmax_batch_size: 0\n'
+                 'input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+                 'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+
+
+def write_model(repo: Path, name: str, model_py: str, config: str) -> Path:
+    """A python model `name` in `repo` (version 1), returning its directory."""
+    model = repo / name
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(model_py)
+    (model / "config.pbtxt").write_text(config)
+    return model
+
+
 def scrape_metrics(server) -> dict[str, float]:
     """The server's /metrics as {'name{labels}': value}."""
     status, headers, body = http_request(server.metrics_port, "GET", "/metrics")

@@ -9,6 +9,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from conftest import write_model
+
 SCALE = '''
 import triton_python_backend_utils as pb_utils
 
@@ -46,9 +48,7 @@ ensemble_scheduling {
 def repo(tmp_path, example_repo):
     root = tmp_path / "repo"
     shutil.copytree(example_repo / "add", root / "add")
-    (root / "scale" / "1").mkdir(parents=True)
-    (root / "scale" / "1" / "model.py").write_text(SCALE)
-    (root / "scale" / "config.pbtxt").write_text(
+    write_model(root, "scale", SCALE,
         'backend: "python"\nmax_batch_size: 8\ninput [ { name: "X", data_type: TYPE_FP32, dims: [ 3 ] } ]\n'
         'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 3 ] } ]\n')
     (root / "pipeline" / "1").mkdir(parents=True)

@@ -8,6 +8,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from conftest import add_inputs
+
 
 def _add_body(a_shape=(1, 3), a_type="FP32", a_data=(1, 2, 3), with_b=True, **extra):
     inputs = [{"name": "A", "shape": list(a_shape), "datatype": a_type, "data": list(a_data)}]
@@ -46,9 +48,7 @@ BAD = {
 def _good_traffic(url, stop, failures, count):
     client = httpclient.InferenceServerClient(url=url)
     a = np.ones((2, 3), dtype=np.float32)
-    inputs = [httpclient.InferInput("A", a.shape, "FP32"), httpclient.InferInput("B", a.shape, "FP32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(a)
+    inputs = add_inputs(httpclient, a)
     while not stop.is_set():
         try:
             np.testing.assert_array_equal(client.infer("add", inputs).as_numpy("C"), a + a)
@@ -102,9 +102,7 @@ def test_binary_data_of_the_wrong_size_is_rejected(server, good_traffic):
 def test_tritonclient_sees_the_error_message(server):
     client = httpclient.InferenceServerClient(url=server.url)
     a = np.ones((1, 3), dtype=np.float64)
-    inputs = [httpclient.InferInput("A", a.shape, "FP64"), httpclient.InferInput("B", a.shape, "FP64")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(a)
+    inputs = add_inputs(httpclient, a)
     with pytest.raises(InferenceServerException, match="data-type is 'FP64', but model 'add' expects 'FP32'"):
         client.infer("add", inputs)
 

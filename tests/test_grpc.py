@@ -9,14 +9,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
-from conftest import SERVED_EXTENSIONS
-
-
-def _add_inputs(a, b, module=grpcclient):
-    inputs = [module.InferInput("A", list(a.shape), "FP32"), module.InferInput("B", list(b.shape), "FP32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(b)
-    return inputs
+from conftest import SERVED_EXTENSIONS, add_inputs
 
 
 def test_health_and_metadata(server):
@@ -38,7 +31,7 @@ def test_health_and_metadata(server):
 def test_infer_with_raw_contents(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
-    result = client.infer("add", _add_inputs(a, a), request_id="g-1",
+    result = client.infer("add", add_inputs(grpcclient, a, a), request_id="g-1",
                           outputs=[grpcclient.InferRequestedOutput("C")])
     np.testing.assert_array_equal(result.as_numpy("C"), a + a)
     assert result.get_response().id == "g-1"
@@ -78,7 +71,7 @@ def test_unknown_model_and_version(server, model, version, code, message):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     a = np.ones((1, 3), np.float32)
     with pytest.raises(InferenceServerException) as e:
-        client.infer(model, _add_inputs(a, a), model_version=version)
+        client.infer(model, add_inputs(grpcclient, a, a), model_version=version)
     assert e.value.status() == code and message in e.value.message()
 
 
@@ -86,7 +79,7 @@ def test_bad_input_is_invalid_argument(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     a = np.ones((1, 4), np.float32)
     with pytest.raises(InferenceServerException) as e:
-        client.infer("add", _add_inputs(a, a))
+        client.infer("add", add_inputs(grpcclient, a, a))
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert "unexpected shape for input 'A' for model 'add'. Expected [-1,3], got [1,4]" in e.value.message()
 
@@ -100,9 +93,9 @@ def test_stream_many_requests_in_flight_and_errors_in_stream(server):
         for i in range(64):
             a = np.full((1, 3), i, np.float32)
             sent[str(i)] = a + a
-            client.async_stream_infer("add", _add_inputs(a, a), request_id=str(i))
+            client.async_stream_infer("add", add_inputs(grpcclient, a, a), request_id=str(i))
         bad = np.ones((1, 4), np.float32)
-        client.async_stream_infer("add", _add_inputs(bad, bad), request_id="bad")
+        client.async_stream_infer("add", add_inputs(grpcclient, bad, bad), request_id="bad")
         got, errors = {}, []
         for _ in range(65):
             result, error = results.get(timeout=30)
@@ -123,7 +116,7 @@ def test_asyncio_client(server):
         async with grpcaio.InferenceServerClient(server.grpc_url) as client:
             assert await client.is_server_ready()
             a = np.ones((2, 3), np.float32)
-            results = await asyncio.gather(*(client.infer("add_py", _add_inputs(a * i, a, grpcaio))
+            results = await asyncio.gather(*(client.infer("add_py", add_inputs(grpcaio, a * i, a))
                                              for i in range(16)))
             for i, r in enumerate(results):
                 np.testing.assert_array_equal(r.as_numpy("C"), a * i + a)
@@ -139,7 +132,7 @@ def test_http_asyncio_client(server):
         try:
             assert await client.is_server_ready()
             a = np.ones((2, 3), np.float32)
-            results = await asyncio.gather(*(client.infer("add", _add_inputs(a * i, a, httpaio)) for i in range(16)))
+            results = await asyncio.gather(*(client.infer("add", add_inputs(httpaio, a * i, a)) for i in range(16)))
             for i, r in enumerate(results):
                 np.testing.assert_array_equal(r.as_numpy("C"), a * i + a)
         finally:

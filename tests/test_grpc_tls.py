@@ -8,6 +8,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from conftest import add_inputs
+
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make certificates")
 
 
@@ -32,9 +34,7 @@ def certs(tmp_path_factory):
 def _infer(url, **ssl):
     client = grpcclient.InferenceServerClient(url, ssl=True, **ssl)
     a = np.ones((1, 3), np.float32)
-    inputs = [grpcclient.InferInput("A", [1, 3], "FP32"), grpcclient.InferInput("B", [1, 3], "FP32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(a)
+    inputs = add_inputs(grpcclient, a)
     return client.infer("add", inputs).as_numpy("C")
 
 

@@ -11,7 +11,7 @@ import orjson
 import tritonclient.http as httpclient
 from test_queue_policy import Calls, _repo
 
-from conftest import scrape_metrics, shm_segments
+from conftest import X_TO_Y_CONFIG, scrape_metrics, shm_segments, write_model
 
 SUICIDAL = '''
 import os
@@ -28,7 +28,8 @@ class TritonPythonModel:
         threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
 
     def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.get_input_tensor_by_name(r, "X")]) for r in requests]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+                for r in requests]
 '''
 
 
@@ -74,12 +75,7 @@ def test_second_signal_stops_at_once(start_server, tmp_path):
 
 
 def test_crash_looping_model_goes_unavailable_with_the_reason(start_server, tmp_path):
-    model = tmp_path / "repo" / "suicidal"
-    (model / "1").mkdir(parents=True)
-    (model / "1" / "model.py").write_text(SUICIDAL)
-    (model / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 0\n'
-                                        'input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
-                                        'output [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+    write_model(tmp_path / "repo", "suicidal", SUICIDAL, X_TO_Y_CONFIG)
     server = start_server([tmp_path / "repo"], "--exit-on-error=false")
     client = httpclient.InferenceServerClient(server.url)
     server.wait_until(lambda: not client.is_model_ready("suicidal"), timeout=60, what="the model to give up")

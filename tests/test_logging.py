@@ -7,13 +7,13 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from conftest import add_inputs
+
 
 def _infer(server, request_id):
     client = httpclient.InferenceServerClient(server.url)
     a = np.ones((1, 3), np.float32)
-    inputs = [httpclient.InferInput("A", a.shape, "FP32"), httpclient.InferInput("B", a.shape, "FP32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(a)
+    inputs = add_inputs(httpclient, a)
     client.infer("add", inputs, request_id=request_id)
 
 

@@ -12,7 +12,7 @@ import tritonclient.http as httpclient
 
 from tritonmp.gpus import visible_gpus
 
-from conftest import TEST_MODELS
+from conftest import TEST_MODELS, add_inputs
 
 
 def _whereami(server, model="whereami"):
@@ -86,9 +86,7 @@ def test_kind_gpu_onnx_instance_runs_on_the_cuda_provider(start_server, tmp_path
     assert "onnxruntime providers: CUDAExecutionProvider" in server.log()
     client = httpclient.InferenceServerClient(url=server.url)
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
-    inputs = [httpclient.InferInput("A", a.shape, "FP32"), httpclient.InferInput("B", a.shape, "FP32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(a)
+    inputs = add_inputs(httpclient, a)
     np.testing.assert_array_equal(client.infer("add_gpu", inputs).as_numpy("C"), a + a)
 
 

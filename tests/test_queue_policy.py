@@ -9,7 +9,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import scrape_metrics
+from conftest import scrape_metrics, write_model
 
 SLEEPY = '''
 import itertools
@@ -36,10 +36,7 @@ class TritonPythonModel:
 
 
 def _repo(tmp_path, batching: str, instances: int = 1):
-    model = tmp_path / "repo" / "sleepy"
-    (model / "1").mkdir(parents=True)
-    (model / "1" / "model.py").write_text(SLEEPY)
-    (model / "config.pbtxt").write_text(
+    write_model(tmp_path / "repo", "sleepy", SLEEPY,
         'backend: "python"\nmax_batch_size: 1\n'
         'input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
         'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] },\n'

@@ -13,6 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from conftest import X_TO_Y_CONFIG, add_inputs, write_model
 from make_example_repo import binary_op_model
 
 ADD_PY_CONFIG = {
@@ -30,9 +31,7 @@ def _config(**changes):
 
 def _add(client, model="add_py", rows=1):
     a = np.full((rows, 3), 2.0, np.float32)
-    inputs = [httpclient.InferInput("A", a.shape, "FP32"), httpclient.InferInput("B", a.shape, "FP32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(a)
+    inputs = add_inputs(httpclient, a)
     return client.infer(model, inputs).as_numpy("C")
 
 
@@ -168,13 +167,8 @@ def test_poll_mode_follows_the_repository(start_server, example_repo, tmp_path):
 
 
 def test_a_model_that_fails_to_initialize_reports_why(start_server, tmp_path):
-    model = tmp_path / "repo" / "broken"
-    (model / "1").mkdir(parents=True)
-    (model / "1" / "model.py").write_text(
-        "class TritonPythonModel:\n    def initialize(self, args):\n        raise RuntimeError('no weights here')\n")
-    (model / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 0\ninput [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
-        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+    write_model(tmp_path / "repo", "broken", "class TritonPythonModel:\n    def initialize(self, args):\n"
+                "        raise RuntimeError('no weights here')\n", X_TO_Y_CONFIG)
     server = start_server([tmp_path / "repo"], "--model-control-mode=explicit")
     client = httpclient.InferenceServerClient(server.url)
     with pytest.raises(InferenceServerException) as e:

@@ -6,12 +6,12 @@ import shutil
 import numpy as np
 import tritonclient.http as httpclient
 
+from conftest import add_inputs
+
 
 def _add(client, value):
     a = np.full((1, 3), value, np.float32)
-    inputs = [httpclient.InferInput("A", [1, 3], "FP32"), httpclient.InferInput("B", [1, 3], "FP32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(a)
+    inputs = add_inputs(httpclient, a)
     return client.infer("add_py", inputs, request_id=f"r{value}").as_numpy("C")
 
 

@@ -7,6 +7,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from conftest import add_inputs
+
 ZERO = {"count": 0, "ns": 0}
 
 
@@ -32,14 +34,10 @@ def test_statistics_move_after_inference(start_server, example_repo):
     client = httpclient.InferenceServerClient(url=server.url)
     for rows in (2, 3):
         a = np.ones((rows, 3), np.float32)
-        inputs = [httpclient.InferInput("A", a.shape, "FP32"), httpclient.InferInput("B", a.shape, "FP32")]
-        inputs[0].set_data_from_numpy(a)
-        inputs[1].set_data_from_numpy(a)
+        inputs = add_inputs(httpclient, a)
         client.infer("add_py", inputs)
     bad = np.ones((1, 3), np.float64)
-    inputs = [httpclient.InferInput("A", bad.shape, "FP64"), httpclient.InferInput("B", bad.shape, "FP64")]
-    inputs[0].set_data_from_numpy(bad)
-    inputs[1].set_data_from_numpy(bad)
+    inputs = add_inputs(httpclient, bad)
     with pytest.raises(InferenceServerException):
         client.infer("add_py", inputs)  # refused before the queue: not counted, as in Triton
     (entry,) = client.get_inference_statistics("add_py")["model_stats"]

@@ -3,6 +3,8 @@
 import numpy as np
 import tritonclient.http as httpclient
 
+from conftest import add_inputs
+
 
 def test_tutorial_client_prints_the_sum(server):
     client = httpclient.InferenceServerClient(url=server.url)
@@ -38,9 +40,7 @@ def test_health_endpoints_answer_200_once_models_are_loaded(server):
 def test_request_id_is_echoed(server):
     client = httpclient.InferenceServerClient(url=server.url)
     a = np.ones((1, 3), dtype=np.float32)
-    inputs = [httpclient.InferInput("A", a.shape, "FP32"), httpclient.InferInput("B", a.shape, "FP32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(a)
+    inputs = add_inputs(httpclient, a)
     result = client.infer("add", inputs, request_id="my-request-42")
     assert result.get_response()["id"] == "my-request-42"
     assert "id" not in client.infer("add", inputs).get_response()
@@ -49,9 +49,7 @@ def test_request_id_is_echoed(server):
 def test_compressed_request_and_response_bodies(server):
     client = httpclient.InferenceServerClient(url=server.url)
     a = np.arange(300, dtype=np.float32).reshape(100, 3)[:8]
-    inputs = [httpclient.InferInput("A", a.shape, "FP32"), httpclient.InferInput("B", a.shape, "FP32")]
-    inputs[0].set_data_from_numpy(a)
-    inputs[1].set_data_from_numpy(a)
+    inputs = add_inputs(httpclient, a)
     for request_algo, response_algo in (("gzip", "deflate"), ("deflate", "gzip")):
         result = client.infer("add", inputs, request_compression_algorithm=request_algo,
                               response_compression_algorithm=response_algo)

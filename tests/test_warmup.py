@@ -4,6 +4,8 @@ the load with its reason; warmup does not count as traffic."""
 import numpy as np
 import orjson
 
+from conftest import write_model
+
 COUNTING = '''
 import os
 
@@ -37,17 +39,14 @@ def _sample(name: str, batch: int, source: str, count: int = 1, key: str = "X", 
 
 
 def _model(tmp_path, warmup: str, instances: int = 2):
-    model = tmp_path / "repo" / "warm"
-    (model / "1").mkdir(parents=True)
+    model = write_model(tmp_path / "repo", "warm", COUNTING,
+                        'backend: "python"\nmax_batch_size: 8\n'
+                        'input [ { name: "X", data_type: TYPE_FP32, dims: [ 4 ] } ]\n'
+                        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 4 ] } ]\n'
+                        f'instance_group [ {{ kind: KIND_CPU, count: {instances} }} ]\n' + warmup)
     (model / "warmup").mkdir()
-    (model / "1" / "model.py").write_text(COUNTING)
     (model / "warmup" / "thirteens").write_bytes(np.full(4, 13, np.float32).tobytes())
     (model / "warmup" / "sevens").write_bytes(np.full(4, 7, np.float32).tobytes())
-    (model / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 8\n'
-        'input [ { name: "X", data_type: TYPE_FP32, dims: [ 4 ] } ]\n'
-        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 4 ] } ]\n'
-        f'instance_group [ {{ kind: KIND_CPU, count: {instances} }} ]\n' + warmup)
     return model
 
 

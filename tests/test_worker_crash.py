@@ -8,7 +8,7 @@ import threading
 
 import orjson
 
-from conftest import shm_segments, wait_for
+from conftest import X_TO_Y_CONFIG, shm_segments, wait_for, write_model
 
 
 def _x(value):
@@ -117,13 +117,7 @@ class TritonPythonModel:
 
 
 def test_queued_requests_fail_when_the_instance_cannot_come_back(start_server, tmp_path):
-    model = tmp_path / "repo" / "fragile"
-    (model / "1").mkdir(parents=True)
-    (model / "1" / "model.py").write_text(BROKEN_ON_RESTART)
-    (model / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 0\n'
-        'input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
-        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+    write_model(tmp_path / "repo", "fragile", BROKEN_ON_RESTART, X_TO_Y_CONFIG)
     server = start_server([tmp_path / "repo"])
     status, _, raw = server.post("/v2/models/fragile/infer", _x(1))
     assert status == 500 and "was killed by SIGKILL" in orjson.loads(raw)["error"]
@@ -155,14 +149,8 @@ def test_hung_model_is_killed_by_the_watchdog_and_restarted(start_server, tmp_pa
 
 
 def test_a_model_stuck_in_initialize_fails_its_load(start_server, tmp_path):
-    model = tmp_path / "repo" / "stuck"
-    (model / "1").mkdir(parents=True)
-    (model / "1" / "model.py").write_text(
-        "import threading\n\n\nclass TritonPythonModel:\n    def initialize(self, args):\n"
-        "        threading.Event().wait()\n")
-    (model / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 0\ninput [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
-        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+    write_model(tmp_path / "repo", "stuck", "import threading\n\n\nclass TritonPythonModel:\n"
+                "    def initialize(self, args):\n        threading.Event().wait()\n", X_TO_Y_CONFIG)
     server = start_server([tmp_path / "repo"], "--model-load-timeout-secs", "1", wait=False)
     assert server.proc.wait(60) == 1
     assert "instance 'stuck_0_0' did not finish loading within 1s (--model-load-timeout-secs)" in server.log()
