@@ -25,3 +25,14 @@ def test_classification_count_must_be_positive(server):
     status, _, raw = server.post("/v2/models/scores/infer", body)
     assert status == 400
     assert "must be a positive integer" in orjson.loads(raw)["error"]
+
+
+def test_classification_needs_a_numeric_output(server):
+    body = orjson.dumps({"inputs": [{"name": "IN_BYTES", "shape": [1], "datatype": "BYTES", "data": ["x"]}]
+                         + [{"name": f"IN_{dt}", "shape": [1], "datatype": dt, "data": [1]}
+                            for dt in ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
+                                       "INT64", "FP16", "FP32", "FP64", "BF16")],
+                         "outputs": [{"name": "OUT_BYTES", "parameters": {"classification": 1}}]})
+    status, _, raw = server.post("/v2/models/identity/infer", body)
+    assert status == 400
+    assert "classification needs a numeric output; 'OUT_BYTES' is BYTES" in orjson.loads(raw)["error"]

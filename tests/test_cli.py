@@ -42,3 +42,13 @@ def test_workers_count_sets_instances_of_models_without_instance_group(start_ser
     assert "worker add_0_0 of model 'add'" in log and "worker add_0_1 of model 'add'" in log
     # add_py names its own instance_group: --workers leaves it alone
     assert "add_py_0_1" not in log
+
+
+def test_bad_trace_and_cache_configs_are_refused(tmp_path):
+    for flag, value, message in (("--trace-config", "colour=red", "expected [triton,]KEY=VALUE"),
+                                 ("--cache-config", "redis,size=10", "only the 'local' cache is available"),
+                                 ("--cache-config", "local,size=lots", "expected local,size=BYTES")):
+        result = subprocess.run([*TRITONMP, "--model-repository", str(tmp_path), flag, value],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1, flag
+        assert message in result.stderr

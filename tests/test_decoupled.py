@@ -59,3 +59,19 @@ def test_unary_inference_of_a_decoupled_model_is_refused(server, module):
     client = module.InferenceServerClient(server.url if module is httpclient else server.grpc_url)
     with pytest.raises(InferenceServerException, match="is decoupled"):
         client.infer("repeat", _n(module, 1))
+
+
+def test_a_worker_dying_mid_stream_ends_the_stream_with_an_error(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        client.async_stream_infer("repeat", _n(grpcclient, -2), request_id="dies")
+        (first, error0), (_, error1) = _collect(client, results, 2)
+        client.async_stream_infer("repeat", _n(grpcclient, 1), request_id="after")  # served after the restart
+        ((after, error2),) = _collect(client, results, 1)
+    finally:
+        client.stop_stream()
+    assert error0 is None and int(first.as_numpy("I")[0]) == 0
+    assert "was killed by SIGKILL before sending its final response" in str(error1)
+    assert error2 is None and int(after.as_numpy("I")[0]) == 0

@@ -118,3 +118,23 @@ def test_check_follows_ensemble_steps_to_their_models(repo):
     out = _check(repo).stdout
     assert "ensemble_scheduling.step[1].model_name: no model 'missing' in the repositories" in out
     assert "ensemble_scheduling.step[0].input_map: 'Q' is not an input of 'add' (it has A, B)" in out
+
+
+def test_ensemble_outputs_cannot_go_to_client_shared_memory(start_server, repo):
+    import orjson
+    import tritonclient.utils.shared_memory as shm
+
+    server = start_server([repo], "--allow-client-shm=true")
+    handle = shm.create_shared_memory_region("ens_out", "/tritonmp-test-ens-out", 64)
+    try:
+        httpclient.InferenceServerClient(server.url).register_system_shared_memory(
+            "ens_out", "/tritonmp-test-ens-out", 64)
+        body = orjson.dumps({"inputs": [{"name": n, "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}
+                                        for n in ("IN_A", "IN_B")],
+                             "outputs": [{"name": "SUM", "parameters": {"shared_memory_region": "ens_out",
+                                                                        "shared_memory_byte_size": 12}}]})
+        status, _, raw = server.post("/v2/models/pipeline/infer", body)
+        assert status == 501
+        assert "an ensemble cannot write its outputs into client shared memory" in orjson.loads(raw)["error"]
+    finally:
+        shm.destroy_shared_memory_region(handle)

@@ -294,7 +294,8 @@ class Instance:
             self._on_stream(transport.decode(transport.StreamResponse, header), frames)
         elif kind == transport.BLS:
             request = transport.decode(transport.BlsRequest, header)
-            asyncio.get_running_loop().create_task(self._bls(request, [bytes(f) for f in frames]))
+            # the frames are views of this message's own buffer, which nothing else reuses
+            asyncio.get_running_loop().create_task(self._bls(request, frames))
         elif kind == transport.READY:
             ready = transport.decode(transport.Ready, header)
             if ready.protocol != transport.PROTOCOL_VERSION:
@@ -334,7 +335,7 @@ class Instance:
         if not request.future.done():
             request.future.set_result(None)
 
-    async def _bls(self, msg: transport.BlsRequest, frames: list[bytes]) -> None:
+    async def _bls(self, msg: transport.BlsRequest, frames: list[memoryview]) -> None:
         """Serve a model's own request to another model, and answer on this worker's channel."""
         channel = self.channel
         try:

@@ -1,5 +1,8 @@
 """A decoupled model: answers a request N with N responses I = 0 .. N-1, from a thread of its own
-after execute() has returned; N = -1 sends an error response between two good ones."""
+after execute() has returned; N = -1 sends an error response between two good ones; N = -2 sends one
+response and then dies, as a crashing library would."""
+import os
+import signal
 import threading
 
 import numpy as np
@@ -15,6 +18,9 @@ class TritonPythonModel:
         return None
 
     def answer(self, n, sender):
+        if n == -2:
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([0], np.int32))]))
+            os.kill(os.getpid(), signal.SIGKILL)
         if n < 0:
             sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([0], np.int32))]))
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("negative counts are refused")))
