@@ -169,4 +169,6 @@ def test_preserve_ordering_returns_responses_in_request_order(start_server, tmp_
     calls.wait_queued(1, 0)
     calls.send("fast_second", 0.0)
     calls.join()
-    assert calls.ended["fast_second"] >= calls.ended["slow_first"]
+    # unordered, fast_second would end ~0.8 s before slow_first; ordered, the two responses leave
+    # the server back to back, and the client threads may see them a moment apart either way
+    assert calls.ended["fast_second"] >= calls.ended["slow_first"] - 0.2

@@ -54,6 +54,8 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--repository-poll-secs", type=float, default=15.0)
     p.add_argument("--allow-client-shm", type=_bool, default=False,
                    help="let clients register system shared-memory regions (off by default, as in Triton)")
+    p.add_argument("--grpc-engine", choices=("builtin", "grpcio"), default="builtin",
+                   help="what carries gRPC: this server's own HTTP/2 (builtin, the fast one) or grpc.aio")
     p.add_argument("--grpc-use-ssl", type=_bool, default=False)
     p.add_argument("--grpc-use-ssl-mutual", type=_bool, default=False)
     p.add_argument("--grpc-server-cert", default="")
@@ -137,7 +139,8 @@ def serve(argv: list[str]) -> int:
         return 1
     endpoints = Endpoints(args.http_address, args.http_port, args.allow_http, args.grpc_address, args.grpc_port,
                           args.allow_grpc, tls, args.metrics_address, args.metrics_port, args.allow_metrics,
-                          args.allow_cpu_metrics, args.allow_gpu_metrics, max(0.1, args.metrics_interval_ms / 1000))
+                          args.allow_cpu_metrics, args.allow_gpu_metrics, max(0.1, args.metrics_interval_ms / 1000),
+                          args.grpc_engine)
 
     async def main() -> int:
         server = Server(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs,

@@ -1,77 +1,62 @@
-"""The gRPC frontend: Triton's `inference.GRPCInferenceService` (tritonclient's generated service)
-on grpc.aio in the frontend's event loop. Handlers decode into the core and encode its answers;
-errors map once from the core's status to a gRPC code."""
+"""The gRPC frontend: Triton's `inference.GRPCInferenceService` (the messages of tritonclient's
+generated modules). The RPCs are plain coroutines that decode into the core and encode its
+answers; errors map once from the core's status to a gRPC code. Two engines carry them:
+`builtin` (default), this server's own HTTP/2 and gRPC framing in the frontend's event loop
+(`grpc_protocol`), and `grpcio`, grpc.aio in the same loop.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from . import __version__, grpc_codec
 from .dataplane import Dataplane
 from .errors import ServerError, Status
+from .grpc_protocol import Code, GrpcServer, Method, RpcError, server_ssl_context
 
 log = logging.getLogger("tritonmp.grpc")
 
+SERVICE = "inference.GRPCInferenceService"
+ENGINES = ("builtin", "grpcio")
 CODE_OF = {
-    Status.UNKNOWN: grpc.StatusCode.UNKNOWN,
-    Status.INTERNAL: grpc.StatusCode.INTERNAL,
-    Status.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Status.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
-    Status.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    Status.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
-    Status.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    Status.CANCELLED: grpc.StatusCode.CANCELLED,
+    Status.UNKNOWN: Code.UNKNOWN,
+    Status.INTERNAL: Code.INTERNAL,
+    Status.NOT_FOUND: Code.NOT_FOUND,
+    Status.INVALID_ARG: Code.INVALID_ARGUMENT,
+    Status.UNAVAILABLE: Code.UNAVAILABLE,
+    Status.UNSUPPORTED: Code.UNIMPLEMENTED,
+    Status.ALREADY_EXISTS: Code.ALREADY_EXISTS,
+    Status.CANCELLED: Code.CANCELLED,
 }
 UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
 
-def _errors_to_status(handler):
-    """Turn a ServerError raised by a unary handler into the matching gRPC status."""
+class InferenceService:
+    """Triton's RPCs as plain coroutines: a request message in, a response message out."""
 
-    async def wrapped(self, request, context):
-        try:
-            return await handler(self, request, context)
-        except ServerError as e:
-            await context.abort(CODE_OF[e.status], e.message)
-        except Exception as e:  # a bug of ours: answer, log, and keep serving
-            if isinstance(e, grpc.aio.AbortError):
-                raise
-            log.exception("%s failed", handler.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
-
-    wrapped.__name__ = handler.__name__
-    return wrapped
-
-
-class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dataplane: Dataplane, extensions: list[str]):
         self.dp = dataplane
         self.extensions = extensions
 
-    @_errors_to_status
-    async def ServerLive(self, request, context):
+    async def ServerLive(self, request):
         return pb.ServerLiveResponse(live=self.dp.live())
 
-    @_errors_to_status
-    async def ServerReady(self, request, context):
+    async def ServerReady(self, request):
         return pb.ServerReadyResponse(ready=self.dp.ready())
 
-    @_errors_to_status
-    async def ModelReady(self, request, context):
+    async def ModelReady(self, request):
         return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version))
 
-    @_errors_to_status
-    async def ServerMetadata(self, request, context):
+    async def ServerMetadata(self, request):
         return pb.ServerMetadataResponse(name="triton", version=__version__, extensions=self.extensions)
 
-    @_errors_to_status
-    async def ModelMetadata(self, request, context):
+    async def ModelMetadata(self, request):
         meta = self.dp.model_metadata(request.name, request.version)
         response = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"],
                                             platform=meta["platform"])
@@ -80,57 +65,48 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 getattr(response, kind).add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
         return response
 
-    @_errors_to_status
-    async def ModelConfig(self, request, context):
+    async def ModelConfig(self, request):
         mv = self.dp.models.find(request.name, request.version)
         return pb.ModelConfigResponse(config=mv.config)
 
-    @_errors_to_status
-    async def ModelInfer(self, request, context):
+    async def ModelInfer(self, request):
         core = grpc_codec.decode_infer(request)
         return grpc_codec.encode_infer(await self.dp.infer(core))
 
-    @_errors_to_status
-    async def ModelStatistics(self, request, context):
+    async def ModelStatistics(self, request):
         return json_format.ParseDict(self.dp.statistics(request.name, request.version), pb.ModelStatisticsResponse(),
                                      ignore_unknown_fields=True)
 
-    @_errors_to_status
-    async def SystemSharedMemoryStatus(self, request, context):
+    async def SystemSharedMemoryStatus(self, request):
         response = pb.SystemSharedMemoryStatusResponse()
         for r in self.dp.shm.status(request.name):
             response.regions[r.name].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
                 name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size))
         return response
 
-    @_errors_to_status
-    async def SystemSharedMemoryRegister(self, request, context):
+    async def SystemSharedMemoryRegister(self, request):
         self.dp.shm.register(request.name, request.key, request.offset, request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
-    @_errors_to_status
-    async def SystemSharedMemoryUnregister(self, request, context):
+    async def SystemSharedMemoryUnregister(self, request):
         self.dp.shm.unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    @_errors_to_status
-    async def RepositoryIndex(self, request, context):
+    async def RepositoryIndex(self, request):
         response = pb.RepositoryIndexResponse()
         for row in self.dp.repository_index(request.ready):
             response.models.add(**row)
         return response
 
-    @_errors_to_status
-    async def RepositoryModelLoad(self, request, context):
+    async def RepositoryModelLoad(self, request):
         await self.dp.load_model(request.model_name, grpc_codec.parameters_dict(request.parameters))
         return pb.RepositoryModelLoadResponse()
 
-    @_errors_to_status
-    async def RepositoryModelUnload(self, request, context):
+    async def RepositoryModelUnload(self, request):
         await self.dp.unload_model(request.model_name, grpc_codec.parameters_dict(request.parameters))
         return pb.RepositoryModelUnloadResponse()
 
-    async def ModelStreamInfer(self, request_iterator, context):
+    async def ModelStreamInfer(self, request_iterator):
         """Requests are run as they arrive; responses (or in-stream errors) go back in completion
         order, each carrying its request's id."""
         out: asyncio.Queue = asyncio.Queue()
@@ -176,25 +152,22 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             for task in list(pending):
                 task.cancel()
 
-    @_errors_to_status
-    async def CudaSharedMemoryStatus(self, request, context):
+    async def CudaSharedMemoryStatus(self, request):
         response = pb.CudaSharedMemoryStatusResponse()
         for r in self.dp.shm.status(request.name, "cuda"):
             response.regions[r.name].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(
                 name=r.name, device_id=r.device_id, byte_size=r.byte_size))
         return response
 
-    @_errors_to_status
-    async def CudaSharedMemoryRegister(self, request, context):
+    async def CudaSharedMemoryRegister(self, request):
         self.dp.register_cuda_shm(request.name, request.raw_handle, request.device_id, request.byte_size)
         return pb.CudaSharedMemoryRegisterResponse()
 
-    @_errors_to_status
-    async def CudaSharedMemoryUnregister(self, request, context):
+    async def CudaSharedMemoryUnregister(self, request):
         self.dp.shm.unregister(request.name, "cuda")
         return pb.CudaSharedMemoryUnregisterResponse()
-    @_errors_to_status
-    async def TraceSetting(self, request, context):
+
+    async def TraceSetting(self, request):
         changes = {key: (list(v.value) or None) for key, v in request.settings.items()}
         if changes:
             settings = self.dp.update_trace_settings(changes, request.model_name)
@@ -204,8 +177,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         for key, value in settings.items():
             response.settings[key].value.extend(value if isinstance(value, list) else [value])
         return response
-    @_errors_to_status
-    async def LogSettings(self, request, context):
+
+    async def LogSettings(self, request):
         changes = grpc_codec.parameters_dict(request.settings)
         settings = self.dp.log_settings.update(changes) if changes else self.dp.log_settings.settings
         response = pb.LogSettingsResponse()
@@ -215,26 +188,109 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
 
+def _errors_to_status(handler):
+    """A unary RPC whose ServerError becomes the matching gRPC status."""
+
+    @functools.wraps(handler)
+    async def call(request):
+        try:
+            return await handler(request)
+        except ServerError as e:
+            raise RpcError(CODE_OF[e.status], e.message) from None
+
+    return call
+
+
+def methods(service: InferenceService) -> dict[str, Method]:
+    """Every RPC of Triton's service, by its full path, from the service's descriptor."""
+    table = {}
+    for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        handler = getattr(service, m.name)
+        streaming = m.client_streaming or m.server_streaming
+        table[f"/{SERVICE}/{m.name}"] = Method(getattr(pb, m.input_type.name),
+                                               handler if streaming else _errors_to_status(handler), streaming)
+    return table
+
+
+def _grpcio_handler(method: Method):
+    """A grpc.aio method handler for one RPC; RpcError becomes the call's status."""
+
+    async def abort(context, e: Exception):
+        if isinstance(e, RpcError):
+            await context.abort(grpc.StatusCode[e.code.name], e.message)
+        log.exception("gRPC method failed", exc_info=e)
+        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+
+    def serialize(message) -> bytes:
+        return message.SerializeToString()
+
+    if method.streaming:
+        async def stream(request_iterator, context):
+            try:
+                async for response in method.handler(request_iterator):
+                    yield response
+            except Exception as e:
+                if isinstance(e, grpc.aio.AbortError):
+                    raise
+                await abort(context, e)
+
+        return grpc.stream_stream_rpc_method_handler(stream, method.request_type.FromString, serialize)
+
+    async def unary(request, context):
+        try:
+            return await method.handler(request)
+        except Exception as e:
+            if isinstance(e, grpc.aio.AbortError):
+                raise
+            await abort(context, e)
+
+    return grpc.unary_unary_rpc_method_handler(unary, method.request_type.FromString, serialize)
+
+
+class _GrpcioServer:
+    """grpc.aio carrying the same RPCs."""
+
+    def __init__(self, table: dict[str, Method]):
+        self.server = grpc.aio.server(options=UNLIMITED)
+        handlers = {path.rsplit("/", 1)[1]: _grpcio_handler(m) for path, m in table.items()}
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+
+    async def start(self, address: str, port: int, tls: dict | None) -> None:
+        target = f"{address}:{port}"
+        if tls:
+            root = _read(tls["root_cert"]) if tls.get("root_cert") else None
+            credentials = grpc.ssl_server_credentials(
+                [(_read(tls["server_key"]), _read(tls["server_cert"]))], root_certificates=root,
+                require_client_auth=bool(tls.get("mutual")))
+            bound = self.server.add_secure_port(target, credentials)
+        else:
+            bound = self.server.add_insecure_port(target)
+        if not bound:
+            raise OSError(f"the gRPC service could not bind {target}")
+        await self.server.start()
+
+    async def stop(self, grace: float | None) -> None:
+        await self.server.stop(grace)
+
+
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
 
 
 async def start(dataplane: Dataplane, extensions: list[str], address: str, port: int,
-                tls: dict | None = None) -> grpc.aio.Server:
-    """A started gRPC server; `tls` holds server_cert, server_key, root_cert, mutual."""
-    server = grpc.aio.server(options=UNLIMITED)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(dataplane, extensions), server)
-    target = f"{address}:{port}"
+                tls: dict | None = None, engine: str = "builtin"):
+    """A started gRPC server (with `stop(grace)`); `tls` holds server_cert, server_key, root_cert
+    and mutual."""
+    table = methods(InferenceService(dataplane, extensions))
+    if engine == "grpcio":
+        server = _GrpcioServer(table)
+        await server.start(address, port, tls)
+        return server
+    server = GrpcServer(table)
+    context = None
     if tls:
-        root = _read(tls["root_cert"]) if tls.get("root_cert") else None
-        credentials = grpc.ssl_server_credentials(
-            [(_read(tls["server_key"]), _read(tls["server_cert"]))], root_certificates=root,
-            require_client_auth=bool(tls.get("mutual")))
-        bound = server.add_secure_port(target, credentials)
-    else:
-        bound = server.add_insecure_port(target)
-    if not bound:
-        raise OSError(f"the gRPC service could not bind {target}")
-    await server.start()
+        context = server_ssl_context(tls["server_cert"], tls["server_key"], tls.get("root_cert") or None,
+                                     bool(tls.get("mutual")))
+    await server.start(address, port, context)
     return server

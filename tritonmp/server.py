@@ -42,6 +42,7 @@ class Endpoints:
     allow_cpu_metrics: bool = True
     allow_gpu_metrics: bool = True
     metrics_interval: float = 2.0
+    grpc_engine: str = "builtin"  # or "grpcio"
 
 
 class _Uvicorn(uvicorn.Server):
@@ -135,7 +136,8 @@ class Server:
                                                                ep.metrics_port)
             log.info("Started Metrics Service at %s:%d", ep.metrics_address, ep.metrics_port)
         if ep.allow_grpc:
-            self.grpc = await grpc_frontend.start(dataplane, EXTENSIONS, ep.grpc_address, ep.grpc_port, ep.grpc_tls)
+            self.grpc = await grpc_frontend.start(dataplane, EXTENSIONS, ep.grpc_address, ep.grpc_port, ep.grpc_tls,
+                                                  ep.grpc_engine)
             log.info("Started GRPCInferenceService at %s:%d", ep.grpc_address, ep.grpc_port)
 
     async def _drain_frontends(self, deadline: float) -> bool:

@@ -1,0 +1,313 @@
+"""gRPC over this server's own HTTP/2 connections (`http2.Connection`): method dispatch, the
+length-prefixed message framing, compressed requests (gzip, deflate), deadlines (`grpc-timeout`),
+and status trailers. Unary-unary and bidirectional-streaming methods, which are all that
+Triton's service has.
+
+Handlers are plain coroutines: `async def f(request) -> response` for unary methods, and
+`async def f(requests: AsyncIterator) -> AsyncIterator[response]` (an async generator) for
+streaming ones. They fail with `RpcError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import ssl
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from . import http2
+
+log = logging.getLogger("tritonmp.grpc")
+
+
+class Code(enum.IntEnum):
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
+class RpcError(Exception):
+    def __init__(self, code: Code, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Method:
+    request_type: type  # a protobuf message class
+    handler: Callable[..., Awaitable | AsyncIterator]
+    streaming: bool = False
+
+
+ACCEPT_ENCODING = b"identity,deflate,gzip"
+RESPONSE_HEADERS = http2.header_block([(b":status", b"200"), (b"content-type", b"application/grpc"),
+                                       (b"grpc-accept-encoding", ACCEPT_ENCODING)])
+OK_TRAILERS = http2.header_block([(b"grpc-status", b"0")])
+_END = object()
+_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+
+
+def _percent_encode(message: str) -> bytes:
+    out = bytearray()
+    for b in message.encode("utf-8", "replace"):
+        out += b"%%%02X" % b if b < 0x20 or b > 0x7E or b == 0x25 else bytes((b,))
+    return bytes(out)
+
+
+def status_trailers(code: Code, message: str = "") -> list[tuple[bytes, bytes]]:
+    headers = [(b"grpc-status", str(int(code)).encode())]
+    if message:
+        headers.append((b"grpc-message", _percent_encode(message)))
+    return headers
+
+
+def _deadline(value: bytes | None) -> float | None:
+    """Seconds from a `grpc-timeout` header (an integer and a unit), None when absent or invalid."""
+    if not value or len(value) < 2 or not value[:-1].isdigit() or value[-1:] not in _TIMEOUT_UNITS:
+        return None
+    return int(value[:-1]) * _TIMEOUT_UNITS[value[-1:]]
+
+
+class _Call(http2.StreamHandler):
+    """One RPC on one HTTP/2 stream."""
+
+    __slots__ = ("conn", "stream", "method", "buffer", "messages", "task", "encoding", "timeout", "headers_sent")
+
+    def __init__(self, conn: http2.Connection, stream: http2.Stream, method: Method):
+        self.conn = conn
+        self.stream = stream
+        self.method = method
+        self.buffer = bytearray()
+        self.messages: asyncio.Queue | None = None
+        self.task: asyncio.Task | None = None
+        self.encoding = stream.headers.get(b"grpc-encoding", b"identity")
+        self.timeout = _deadline(stream.headers.get(b"grpc-timeout"))
+        self.headers_sent = False
+        if method.streaming:
+            self.messages = asyncio.Queue()
+            self.task = asyncio.get_running_loop().create_task(self._run_streaming())
+
+    # ---- from the connection ----
+
+    def data(self, chunk: bytes) -> None:
+        self.buffer += chunk
+        if self.messages is not None:
+            try:
+                for message in self._complete_messages():
+                    self.messages.put_nowait(message)
+            except RpcError as e:
+                self.messages.put_nowait(e)
+
+    def end(self) -> None:
+        if self.messages is not None:
+            self.messages.put_nowait(_END)
+            return
+        try:
+            messages = list(self._complete_messages())
+            if self.buffer:
+                raise RpcError(Code.INTERNAL, "the request ended inside a message")
+            if len(messages) != 1:
+                raise RpcError(Code.UNIMPLEMENTED if messages else Code.INTERNAL,
+                               f"a unary method takes one request message, got {len(messages)}")
+        except RpcError as e:
+            self._fail(e.code, e.message)
+            return
+        self.task = asyncio.get_running_loop().create_task(self._run_unary(messages[0]))
+
+    def reset(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    # ---- messages ----
+
+    def _complete_messages(self):
+        buf = self.buffer
+        pos = 0
+        while len(buf) - pos >= 5:
+            length = int.from_bytes(buf[pos + 1:pos + 5], "big")
+            if len(buf) - pos - 5 < length:
+                break
+            payload = bytes(buf[pos + 5:pos + 5 + length])
+            if buf[pos]:
+                payload = self._decompress(payload)
+            pos += 5 + length
+            yield self._parse(payload)
+        del buf[:pos]
+
+    def _decompress(self, payload: bytes) -> bytes:
+        try:
+            if self.encoding == b"gzip":
+                return zlib.decompress(payload, 16 + zlib.MAX_WBITS)
+            if self.encoding == b"deflate":
+                return zlib.decompress(payload)
+        except zlib.error as e:
+            raise RpcError(Code.INTERNAL, f"could not decompress the request: {e}") from None
+        raise RpcError(Code.UNIMPLEMENTED, f"compressed message with unsupported grpc-encoding "
+                                           f"'{self.encoding.decode(errors='replace')}'")
+
+    def _parse(self, payload: bytes):
+        try:
+            return self.method.request_type.FromString(payload)
+        except Exception as e:
+            raise RpcError(Code.INTERNAL, f"could not parse the request message: {e}") from None
+
+    # ---- answering ----
+
+    def _fail(self, code: Code, message: str) -> None:
+        block = status_trailers(code, message)
+        if self.headers_sent:
+            self.conn.send_headers(self.stream, http2.header_block(block), end_stream=True)
+        else:  # trailers-only response
+            self.conn.send_headers(self.stream, http2.header_block(
+                [(b":status", b"200"), (b"content-type", b"application/grpc")] + block), end_stream=True)
+
+    @staticmethod
+    def _frame(message) -> bytes:
+        payload = message.SerializeToString()
+        return b"\x00" + len(payload).to_bytes(4, "big") + payload
+
+    async def _run_unary(self, request) -> None:
+        try:
+            if self.timeout is None:
+                response = await self.method.handler(request)
+            else:
+                async with asyncio.timeout(self.timeout):
+                    response = await self.method.handler(request)
+            data = self._frame(response)
+        except RpcError as e:
+            self._fail(e.code, e.message)
+            return
+        except TimeoutError:
+            self._fail(Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            return
+        except asyncio.CancelledError:
+            return
+        except Exception as e:
+            log.exception("gRPC method failed")
+            self._fail(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+            return
+        conn, stream = self.conn, self.stream
+        if not conn.try_send_all(stream, RESPONSE_HEADERS, data, OK_TRAILERS):
+            conn.send_headers(stream, RESPONSE_HEADERS)
+            self.headers_sent = True
+            await conn.send_data(stream, data)
+            conn.send_headers(stream, OK_TRAILERS, end_stream=True)
+
+    async def _requests(self):
+        while True:
+            item = await self.messages.get()
+            if item is _END:
+                return
+            if isinstance(item, RpcError):
+                raise item
+            yield item
+
+    async def _run_streaming(self) -> None:
+        conn, stream = self.conn, self.stream
+        try:
+            async with asyncio.timeout(self.timeout):
+                async for response in self.method.handler(self._requests()):
+                    if not self.headers_sent:
+                        conn.send_headers(stream, RESPONSE_HEADERS)
+                        self.headers_sent = True
+                    await conn.send_data(stream, self._frame(response))
+        except RpcError as e:
+            self._fail(e.code, e.message)
+            return
+        except TimeoutError:
+            self._fail(Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            return
+        except asyncio.CancelledError:
+            return
+        except Exception as e:
+            log.exception("gRPC stream failed")
+            self._fail(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+            return
+        if self.headers_sent:
+            conn.send_headers(stream, OK_TRAILERS, end_stream=True)
+        else:
+            self._fail(Code.OK, "")
+
+
+class GrpcServer:
+    """Serves `methods` (full paths such as `/inference.GRPCInferenceService/ModelInfer`)."""
+
+    def __init__(self, methods: dict[str, Method]):
+        self.methods = {path.encode(): m for path, m in methods.items()}
+        self.connections: set[http2.Connection] = set()
+        self.server: asyncio.AbstractServer | None = None
+
+    def _open_stream(self, conn: http2.Connection, stream: http2.Stream) -> http2.StreamHandler:
+        headers = stream.headers
+        method = self.methods.get(headers.get(b":path"))
+        if headers.get(b":method") != b"POST" or not headers.get(b"content-type", b"").startswith(b"application/grpc"):
+            conn.send_headers(stream, http2.header_block([(b":status", b"415")]), end_stream=True)
+            return _Ignored()
+        if method is None:
+            path = headers.get(b":path", b"").decode(errors="replace")
+            call = _Ignored()
+            conn.send_headers(stream, http2.header_block(
+                [(b":status", b"200"), (b"content-type", b"application/grpc")]
+                + status_trailers(Code.UNIMPLEMENTED, f"Method not found: {path}")), end_stream=True)
+            return call
+        return _Call(conn, stream, method)
+
+    def _connection(self) -> http2.Connection:
+        conn = http2.Connection(self._open_stream, on_close=self.connections.discard)
+        self.connections.add(conn)
+        return conn
+
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(self._connection, host.strip("[]") or None, port,
+                                               ssl=ssl_context, reuse_address=True)
+
+    async def stop(self, grace: float | None) -> None:
+        """Stop accepting, then let the calls in flight finish within `grace` seconds."""
+        if self.server is not None:
+            self.server.close()
+        await asyncio.gather(*(conn.shutdown(grace) for conn in list(self.connections)))
+
+
+class _Ignored(http2.StreamHandler):
+    """A stream already answered: whatever else the client sends is dropped."""
+
+    def data(self, chunk: bytes) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+def server_ssl_context(server_cert: str, server_key: str, root_cert: str | None = None,
+                       mutual: bool = False) -> ssl.SSLContext:
+    """TLS for gRPC: HTTP/2 by ALPN; client certificates checked against `root_cert` (required
+    with `mutual`, requested otherwise)."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(server_cert, server_key)
+    ctx.set_alpn_protocols(["h2"])
+    if root_cert:
+        ctx.load_verify_locations(root_cert)
+        ctx.verify_mode = ssl.CERT_REQUIRED if mutual else ssl.CERT_OPTIONAL
+    return ctx

@@ -1,0 +1,531 @@
+"""A server-side HTTP/2 connection (RFC 9113) on an asyncio protocol: framing, HPACK decoding
+of request headers (the `hpack` library), stream states, flow control both ways, PING, GOAWAY.
+
+It knows nothing of gRPC: each new request stream is handed to the application's `StreamHandler`
+(made by a factory), which receives the stream's data and answers through the connection's send
+methods. Response header blocks are built by the caller (see `header_block`): the server never
+indexes what it sends, so its HPACK encoder needs no state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+
+import hpack
+
+log = logging.getLogger("tritonmp.http2")
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+FLAG_END_STREAM = 0x1
+FLAG_ACK = 0x1
+FLAG_END_HEADERS = 0x4
+FLAG_PADDED = 0x8
+FLAG_PRIORITY = 0x20
+
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
+
+SETTINGS_HEADER_TABLE_SIZE, SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
+SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
+
+MAX_WINDOW = (1 << 31) - 1
+DEFAULT_WINDOW = 65535
+DEFAULT_FRAME_SIZE = 16384
+# what this server asks of its peers
+RECV_STREAM_WINDOW = 1 << 24
+RECV_CONNECTION_WINDOW = 1 << 30
+RECV_FRAME_SIZE = 1 << 20
+MAX_HEADER_LIST = 1 << 20
+
+_HEAD = struct.Struct(">IBI")  # length (24 bits) and type in one word, flags, stream id
+_U32 = struct.Struct(">I")
+_SETTING = struct.Struct(">HI")
+
+
+class ProtocolError(Exception):
+    """A connection error: the connection is ended with GOAWAY carrying `code`."""
+
+    def __init__(self, message: str, code: int = PROTOCOL_ERROR):
+        super().__init__(message)
+        self.code = code
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    return _HEAD.pack(len(payload) << 8 | kind, flags, stream_id) + payload
+
+
+def _hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def header_block(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """Headers as an HPACK block of literals without indexing (RFC 7541 6.2.2), which leave the
+    peer's dynamic table untouched; `:status: 200` uses its static-table entry."""
+    out = bytearray()
+    for name, value in headers:
+        if name == b":status" and value == b"200":
+            out.append(0x88)
+            continue
+        out.append(0x00)
+        out += _hpack_int(len(name), 7, 0) + name
+        out += _hpack_int(len(value), 7, 0) + value
+    return bytes(out)
+
+
+class StreamHandler:
+    """What the application does with one request stream; the connection calls these in order:
+    data() any number of times, then end() once the peer has finished sending, or reset() if the
+    stream is cancelled (by the peer, or by the connection closing) before the answer is sent."""
+
+    def data(self, chunk: bytes) -> None:
+        raise NotImplementedError
+
+    def end(self) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+
+class Stream:
+    __slots__ = ("id", "headers", "handler", "send_window", "recv_unacked", "remote_closed", "local_closed",
+                 "window_waiter", "header_frames_done")
+
+    def __init__(self, stream_id: int, send_window: int):
+        self.id = stream_id
+        self.headers: dict[bytes, bytes] = {}
+        self.handler: StreamHandler | None = None
+        self.send_window = send_window
+        self.recv_unacked = 0
+        self.remote_closed = False
+        self.local_closed = False
+        self.window_waiter: asyncio.Future | None = None
+        self.header_frames_done = True
+
+
+class Connection(asyncio.Protocol):
+    """One client connection. `open_stream(connection, stream)` is called once a request's headers
+    are complete and returns the stream's handler (it may answer at once, e.g. with an error)."""
+
+    def __init__(self, open_stream, on_close=None):
+        self.open_stream = open_stream
+        self.on_close = on_close
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.preface_seen = False
+        self.decoder = hpack.Decoder()
+        self.decoder.max_header_list_size = MAX_HEADER_LIST
+        self.streams: dict[int, Stream] = {}
+        self.last_stream_id = 0
+        self.peer_frame_size = DEFAULT_FRAME_SIZE
+        self.peer_initial_window = DEFAULT_WINDOW
+        self.send_window = DEFAULT_WINDOW
+        self.recv_unacked = 0
+        self.continuing: tuple | None = None  # stream, its id, the first frame's flags, the block so far
+        self.goaway_sent = False
+        self.closed = False
+        self.window_waiters: list[asyncio.Future] = []
+        self.drained: asyncio.Future | None = None
+        self.write_paused = False
+        self.resume_waiters: list[asyncio.Future] = []
+
+    # ---- asyncio protocol ----
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        settings = b"".join(_SETTING.pack(k, v) for k, v in (
+            (SETTINGS_ENABLE_PUSH, 0), (SETTINGS_INITIAL_WINDOW_SIZE, RECV_STREAM_WINDOW),
+            (SETTINGS_MAX_FRAME_SIZE, RECV_FRAME_SIZE), (SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST)))
+        transport.write(frame(SETTINGS, 0, 0, settings)
+                        + frame(WINDOW_UPDATE, 0, 0, _U32.pack(RECV_CONNECTION_WINDOW - DEFAULT_WINDOW)))
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        buf = self.buffer
+        buf += data
+        try:
+            if not self.preface_seen:
+                if len(buf) < len(PREFACE):
+                    if not PREFACE.startswith(bytes(buf)):
+                        raise ProtocolError("not an HTTP/2 connection preface")
+                    return
+                if buf[:len(PREFACE)] != PREFACE:
+                    raise ProtocolError("not an HTTP/2 connection preface")
+                del buf[:len(PREFACE)]
+                self.preface_seen = True
+            pos = 0
+            end = len(buf)
+            while end - pos >= 9:
+                length = buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2]
+                if length > RECV_FRAME_SIZE:
+                    raise ProtocolError(f"frame of {length} bytes exceeds the maximum frame size", FRAME_SIZE_ERROR)
+                if end - pos < 9 + length:
+                    break
+                kind = buf[pos + 3]
+                flags = buf[pos + 4]
+                stream_id = _U32.unpack_from(buf, pos + 5)[0] & 0x7FFFFFFF
+                payload = bytes(buf[pos + 9:pos + 9 + length])
+                pos += 9 + length
+                self._frame(kind, flags, stream_id, payload)
+                if self.closed:
+                    return
+            if pos:
+                del buf[:pos]
+        except ProtocolError as e:
+            log.debug("HTTP/2 connection error: %s", e)
+            self._goaway(e.code, str(e).encode())
+            self._close()
+        except hpack.HPACKError as e:
+            self._goaway(COMPRESSION_ERROR, str(e).encode())
+            self._close()
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        for stream in list(self.streams.values()):
+            self._drop(stream, notify=True)
+        self._wake_windows()
+        for waiter in self.resume_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+        if self.on_close is not None:
+            self.on_close(self)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        waiters, self.resume_waiters = self.resume_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # ---- receiving ----
+
+    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if self.continuing is not None and kind != CONTINUATION:
+            raise ProtocolError("expected a CONTINUATION frame")
+        if kind == DATA:
+            self._data(flags, stream_id, payload)
+        elif kind == HEADERS:
+            self._headers(flags, stream_id, payload)
+        elif kind == CONTINUATION:
+            self._continuation(flags, stream_id, payload)
+        elif kind == SETTINGS:
+            self._settings(flags, stream_id, payload)
+        elif kind == WINDOW_UPDATE:
+            self._window_update(stream_id, payload)
+        elif kind == PING:
+            if stream_id or len(payload) != 8:
+                raise ProtocolError("malformed PING", FRAME_SIZE_ERROR if len(payload) != 8 else PROTOCOL_ERROR)
+            if not flags & FLAG_ACK:
+                self.transport.write(frame(PING, FLAG_ACK, 0, payload))
+        elif kind == RST_STREAM:
+            if not stream_id or len(payload) != 4:
+                raise ProtocolError("malformed RST_STREAM")
+            stream = self.streams.get(stream_id)
+            if stream is not None:
+                self._drop(stream, notify=True)
+            elif stream_id > self.last_stream_id:
+                raise ProtocolError("RST_STREAM on an idle stream")
+        elif kind == GOAWAY:
+            if stream_id:
+                raise ProtocolError("GOAWAY on a stream")
+            self._goaway(NO_ERROR)
+            self._close_when_idle()
+        elif kind == PRIORITY:
+            if not stream_id or len(payload) != 5:
+                raise ProtocolError("malformed PRIORITY")
+        elif kind == PUSH_PROMISE:
+            raise ProtocolError("a client may not push")
+        # unknown frame types are ignored (RFC 9113 5.5)
+
+    def _strip_padding(self, flags: int, payload: bytes) -> bytes:
+        if flags & FLAG_PADDED:
+            if not payload or payload[0] >= len(payload):
+                raise ProtocolError("padding exceeds the frame")
+            return payload[1:len(payload) - payload[0]]
+        return payload
+
+    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if not stream_id:
+            raise ProtocolError("DATA on stream 0")
+        self._consumed_connection(len(payload))
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.remote_closed:
+            if stream_id > self.last_stream_id:
+                raise ProtocolError("DATA on an idle stream")
+            self._reset(stream_id, STREAM_CLOSED)
+            return
+        chunk = self._strip_padding(flags, payload)
+        stream.recv_unacked += len(payload)
+        if stream.recv_unacked > RECV_STREAM_WINDOW:
+            self._reset(stream_id, FLOW_CONTROL_ERROR)
+            self._drop(stream, notify=True)
+            return
+        if flags & FLAG_END_STREAM:
+            stream.remote_closed = True
+        elif stream.recv_unacked >= RECV_STREAM_WINDOW // 2:
+            self.transport.write(frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(stream.recv_unacked)))
+            stream.recv_unacked = 0
+        if chunk:
+            stream.handler.data(chunk)
+        if flags & FLAG_END_STREAM and stream.handler is not None:
+            stream.handler.end()
+
+    def _consumed_connection(self, n: int) -> None:
+        self.recv_unacked += n
+        if self.recv_unacked > RECV_CONNECTION_WINDOW:
+            raise ProtocolError("the peer overran the connection's flow-control window", FLOW_CONTROL_ERROR)
+        if self.recv_unacked >= RECV_CONNECTION_WINDOW // 2:
+            self.transport.write(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.recv_unacked)))
+            self.recv_unacked = 0
+
+    def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if not stream_id or not stream_id & 1:
+            raise ProtocolError("HEADERS on an invalid stream id")
+        payload = self._strip_padding(flags, payload)
+        if flags & FLAG_PRIORITY:
+            payload = payload[5:]
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            if stream_id <= self.last_stream_id:
+                raise ProtocolError("HEADERS on a closed stream", STREAM_CLOSED)
+            self.last_stream_id = stream_id
+            stream = Stream(stream_id, self.peer_initial_window)
+            if self.goaway_sent:
+                stream = None  # refused below, after decoding keeps the HPACK state in step
+        elif stream.remote_closed:
+            raise ProtocolError("HEADERS on a half-closed stream", STREAM_CLOSED)
+        if flags & FLAG_END_HEADERS:
+            self._header_block(stream, stream_id, flags, payload)
+        else:
+            self.continuing = (stream, stream_id, flags, bytearray(payload))
+
+    def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if self.continuing is None or self.continuing[1] != stream_id:
+            raise ProtocolError("unexpected CONTINUATION frame")
+        stream, _, first_flags, block = self.continuing
+        block += payload
+        if len(block) > MAX_HEADER_LIST:
+            raise ProtocolError("header block too large")
+        if flags & FLAG_END_HEADERS:
+            self.continuing = None
+            self._header_block(stream, stream_id, first_flags, bytes(block))
+
+    def _header_block(self, stream: Stream | None, stream_id: int, flags: int, block: bytes) -> None:
+        headers = self.decoder.decode(block, raw=True)
+        if stream is None:
+            self._reset(stream_id, REFUSED_STREAM)
+            return
+        end_stream = bool(flags & FLAG_END_STREAM)
+        if stream.handler is not None:  # trailers
+            if not end_stream:
+                raise ProtocolError("trailers without END_STREAM")
+            stream.remote_closed = True
+            stream.handler.end()
+            return
+        stream.headers = dict(headers)
+        stream.remote_closed = end_stream
+        self.streams[stream_id] = stream
+        stream.handler = self.open_stream(self, stream)
+        if end_stream and stream.id in self.streams:
+            stream.handler.end()
+
+    def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id:
+            raise ProtocolError("SETTINGS on a stream")
+        if flags & FLAG_ACK:
+            if payload:
+                raise ProtocolError("SETTINGS ACK with a payload", FRAME_SIZE_ERROR)
+            return
+        if len(payload) % 6:
+            raise ProtocolError("malformed SETTINGS", FRAME_SIZE_ERROR)
+        for pos in range(0, len(payload), 6):
+            key, value = _SETTING.unpack_from(payload, pos)
+            if key == SETTINGS_INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise ProtocolError("initial window too large", FLOW_CONTROL_ERROR)
+                delta = value - self.peer_initial_window
+                self.peer_initial_window = value
+                for stream in self.streams.values():
+                    stream.send_window += delta
+                if delta > 0:
+                    self._wake_windows()
+            elif key == SETTINGS_MAX_FRAME_SIZE:
+                if not DEFAULT_FRAME_SIZE <= value <= (1 << 24) - 1:
+                    raise ProtocolError("invalid SETTINGS_MAX_FRAME_SIZE")
+                self.peer_frame_size = value
+            elif key == SETTINGS_ENABLE_PUSH and value > 1:
+                raise ProtocolError("invalid SETTINGS_ENABLE_PUSH")
+        self.transport.write(frame(SETTINGS, FLAG_ACK, 0))
+
+    def _window_update(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ProtocolError("malformed WINDOW_UPDATE", FRAME_SIZE_ERROR)
+        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
+        if stream_id == 0:
+            if not increment:
+                raise ProtocolError("WINDOW_UPDATE of zero")
+            self.send_window += increment
+            if self.send_window > MAX_WINDOW:
+                raise ProtocolError("connection window overflow", FLOW_CONTROL_ERROR)
+        else:
+            stream = self.streams.get(stream_id)
+            if stream is None:
+                return
+            if not increment:
+                self._reset(stream_id, PROTOCOL_ERROR)
+                self._drop(stream, notify=True)
+                return
+            stream.send_window += increment
+            if stream.send_window > MAX_WINDOW:
+                self._reset(stream_id, FLOW_CONTROL_ERROR)
+                self._drop(stream, notify=True)
+                return
+        self._wake_windows()
+
+    # ---- sending ----
+
+    def _wake_windows(self) -> None:
+        waiters, self.window_waiters = self.window_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _header_frames(self, stream_id: int, block: bytes, end_stream: bool) -> bytes:
+        flags = FLAG_END_STREAM if end_stream else 0
+        size = self.peer_frame_size
+        if len(block) <= size:
+            return frame(HEADERS, flags | FLAG_END_HEADERS, stream_id, block)
+        parts = [block[i:i + size] for i in range(0, len(block), size)]
+        out = [frame(HEADERS, flags, stream_id, parts[0])]
+        for i, part in enumerate(parts[1:], 1):
+            out.append(frame(CONTINUATION, FLAG_END_HEADERS if i == len(parts) - 1 else 0, stream_id, part))
+        return b"".join(out)
+
+    def is_open(self, stream: Stream) -> bool:
+        return not self.closed and self.streams.get(stream.id) is stream
+
+    def send_headers(self, stream: Stream, block: bytes, end_stream: bool = False) -> None:
+        """Headers (or trailers, with end_stream) for an open stream; never blocks."""
+        if not self.is_open(stream):
+            return
+        self.transport.write(self._header_frames(stream.id, block, end_stream))
+        if end_stream:
+            self._finish(stream)
+
+    def try_send_all(self, stream: Stream, headers: bytes, data: bytes, trailers: bytes) -> bool:
+        """Headers, data and trailers in one write when the data fits the flow-control windows
+        and one frame; False (nothing sent) otherwise."""
+        n = len(data)
+        if n > self.send_window or n > stream.send_window or n > self.peer_frame_size or self.write_paused:
+            return False
+        if not self.is_open(stream):
+            return True
+        self.send_window -= n
+        stream.send_window -= n
+        sid = stream.id
+        self.transport.write(self._header_frames(sid, headers, False) + frame(DATA, 0, sid, data)
+                             + self._header_frames(sid, trailers, True))
+        self._finish(stream)
+        return True
+
+    async def send_data(self, stream: Stream, data: bytes | memoryview) -> None:
+        """Data on a stream, in frames that respect the peer's frame size and flow-control
+        windows; waits for window updates and for the transport to drain as needed."""
+        view = memoryview(data)
+        loop = asyncio.get_running_loop()
+        while view.nbytes:
+            if not self.is_open(stream):
+                return
+            if self.write_paused:
+                waiter = loop.create_future()
+                self.resume_waiters.append(waiter)
+                await waiter
+                continue
+            n = min(view.nbytes, self.send_window, stream.send_window, self.peer_frame_size)
+            if n <= 0:
+                waiter = loop.create_future()
+                self.window_waiters.append(waiter)
+                await waiter
+                continue
+            self.send_window -= n
+            stream.send_window -= n
+            self.transport.write(frame(DATA, 0, stream.id, bytes(view[:n])))
+            view = view[n:]
+
+    def _finish(self, stream: Stream) -> None:
+        stream.local_closed = True
+        if not stream.remote_closed:
+            # the answer is complete before the request: the peer need send no more (RFC 9113 8.1)
+            self._reset(stream.id, NO_ERROR)
+        self._drop(stream, notify=False)
+
+    def reset_stream(self, stream: Stream, code: int = CANCEL) -> None:
+        if self.is_open(stream):
+            self._reset(stream.id, code)
+            self._drop(stream, notify=False)
+
+    def _reset(self, stream_id: int, code: int) -> None:
+        if not self.closed:
+            self.transport.write(frame(RST_STREAM, 0, stream_id, _U32.pack(code)))
+
+    def _drop(self, stream: Stream, notify: bool) -> None:
+        if self.streams.get(stream.id) is stream:
+            del self.streams[stream.id]
+        if notify and not stream.local_closed and stream.handler is not None:
+            stream.local_closed = True
+            stream.handler.reset()
+        if not self.streams and self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+
+    # ---- ending ----
+
+    def _goaway(self, code: int, debug: bytes = b"") -> None:
+        if self.closed or self.goaway_sent:
+            return
+        self.goaway_sent = True
+        self.transport.write(frame(GOAWAY, 0, 0, _U32.pack(self.last_stream_id) + _U32.pack(code) + debug))
+
+    def _close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.close()
+
+    def _close_when_idle(self) -> None:
+        if not self.streams:
+            self._close()
+        else:
+            self.drained = self.drained or asyncio.get_running_loop().create_future()
+            self.drained.add_done_callback(lambda _: self._close())
+
+    async def shutdown(self, grace: float | None) -> None:
+        """GOAWAY, then wait up to `grace` seconds (None: as long as it takes) for the streams in
+        flight to finish, then close; streams still open are reset."""
+        self._goaway(NO_ERROR)
+        if self.streams and grace != 0:
+            self.drained = self.drained or asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(self.drained), grace)
+            except asyncio.TimeoutError:
+                pass
+        for stream in list(self.streams.values()):
+            self._reset(stream.id, CANCEL)
+            self._drop(stream, notify=True)
+        self._close()
