@@ -166,8 +166,8 @@ class _Call(http2.StreamHandler):
     def _parse(self, payload: bytes):
         try:
             return self.method.request_type.FromString(payload)
-        except Exception as e:
-            raise RpcError(Code.INTERNAL, f"could not parse the request message: {e}") from None
+        except Exception:
+            raise RpcError(Code.INTERNAL, "Unable to parse request") from None
 
     # ---- answering ----
 

@@ -132,10 +132,14 @@ class InferenceService:
                 await out.put(error(msg, e))
 
         async def read():
-            async for msg in request_iterator:
-                task = asyncio.get_running_loop().create_task(one(msg))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
+            try:
+                async for msg in request_iterator:
+                    task = asyncio.get_running_loop().create_task(one(msg))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+            except Exception as e:  # the request stream broke (e.g. a malformed message): end the call with it
+                await out.put(e)
+                return
             if pending:
                 await asyncio.gather(*list(pending))
             await out.put(None)
@@ -146,6 +150,8 @@ class InferenceService:
                 item = await out.get()
                 if item is None:
                     break
+                if isinstance(item, Exception):
+                    raise item
                 yield item
         finally:
             reader.cancel()
@@ -213,9 +219,18 @@ def methods(service: InferenceService) -> dict[str, Method]:
 
 
 def _grpcio_handler(method: Method):
-    """A grpc.aio method handler for one RPC; RpcError becomes the call's status."""
+    """A grpc.aio method handler for one RPC: requests arrive as bytes and are parsed here, so a
+    malformed one gets Triton's INTERNAL "Unable to parse request"; RpcError becomes the status."""
+
+    def parse(data: bytes):
+        try:
+            return method.request_type.FromString(data)
+        except Exception:
+            raise RpcError(Code.INTERNAL, "Unable to parse request") from None
 
     async def abort(context, e: Exception):
+        if isinstance(e, grpc.aio.AbortError):
+            raise e
         if isinstance(e, RpcError):
             await context.abort(grpc.StatusCode[e.code.name], e.message)
         log.exception("gRPC method failed", exc_info=e)
@@ -225,26 +240,26 @@ def _grpcio_handler(method: Method):
         return message.SerializeToString()
 
     if method.streaming:
+        async def requests(request_iterator):
+            async for data in request_iterator:
+                yield parse(data)
+
         async def stream(request_iterator, context):
             try:
-                async for response in method.handler(request_iterator):
+                async for response in method.handler(requests(request_iterator)):
                     yield response
             except Exception as e:
-                if isinstance(e, grpc.aio.AbortError):
-                    raise
                 await abort(context, e)
 
-        return grpc.stream_stream_rpc_method_handler(stream, method.request_type.FromString, serialize)
+        return grpc.stream_stream_rpc_method_handler(stream, None, serialize)
 
     async def unary(request, context):
         try:
-            return await method.handler(request)
+            return await method.handler(parse(request))
         except Exception as e:
-            if isinstance(e, grpc.aio.AbortError):
-                raise
             await abort(context, e)
 
-    return grpc.unary_unary_rpc_method_handler(unary, method.request_type.FromString, serialize)
+    return grpc.unary_unary_rpc_method_handler(unary, None, serialize)
 
 
 class _GrpcioServer:

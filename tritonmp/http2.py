@@ -115,6 +115,10 @@ class Stream:
         self.header_frames_done = True
 
 
+_CLOSED = Stream(0, 0)  # stands for a stream already closed, in _headers
+_REFUSED = Stream(0, 0)  # stands for a new stream refused after GOAWAY
+
+
 class Connection(asyncio.Protocol):
     """One client connection. `open_stream(connection, stream)` is called once a request's headers
     are complete and returns the stream's handler (it may answer at once, e.g. with an error)."""
@@ -190,6 +194,10 @@ class Connection(asyncio.Protocol):
             self._close()
         except hpack.HPACKError as e:
             self._goaway(COMPRESSION_ERROR, str(e).encode())
+            self._close()
+        except Exception:  # a bug of ours: this connection ends, the server serves on
+            log.exception("HTTP/2 connection failed")
+            self._goaway(INTERNAL_ERROR)
             self._close()
 
     def connection_lost(self, exc) -> None:
@@ -267,10 +275,13 @@ class Connection(asyncio.Protocol):
             raise ProtocolError("DATA on stream 0")
         self._consumed_connection(len(payload))
         stream = self.streams.get(stream_id)
-        if stream is None or stream.remote_closed:
+        if stream is None:
             if stream_id > self.last_stream_id:
                 raise ProtocolError("DATA on an idle stream")
+            return  # a stream this side has closed or reset: ignored (RFC 9113 5.1)
+        if stream.remote_closed:
             self._reset(stream_id, STREAM_CLOSED)
+            self._drop(stream, notify=True)
             return
         chunk = self._strip_padding(flags, payload)
         stream.recv_unacked += len(payload)
@@ -305,11 +316,10 @@ class Connection(asyncio.Protocol):
         stream = self.streams.get(stream_id)
         if stream is None:
             if stream_id <= self.last_stream_id:
-                raise ProtocolError("HEADERS on a closed stream", STREAM_CLOSED)
-            self.last_stream_id = stream_id
-            stream = Stream(stream_id, self.peer_initial_window)
-            if self.goaway_sent:
-                stream = None  # refused below, after decoding keeps the HPACK state in step
+                stream = _CLOSED  # decoded to keep the HPACK state in step, then ignored
+            else:
+                self.last_stream_id = stream_id
+                stream = _REFUSED if self.goaway_sent else Stream(stream_id, self.peer_initial_window)
         elif stream.remote_closed:
             raise ProtocolError("HEADERS on a half-closed stream", STREAM_CLOSED)
         if flags & FLAG_END_HEADERS:
@@ -328,9 +338,11 @@ class Connection(asyncio.Protocol):
             self.continuing = None
             self._header_block(stream, stream_id, first_flags, bytes(block))
 
-    def _header_block(self, stream: Stream | None, stream_id: int, flags: int, block: bytes) -> None:
+    def _header_block(self, stream: Stream, stream_id: int, flags: int, block: bytes) -> None:
         headers = self.decoder.decode(block, raw=True)
-        if stream is None:
+        if stream is _CLOSED:
+            return
+        if stream is _REFUSED:  # after GOAWAY: the client may retry it elsewhere
             self._reset(stream_id, REFUSED_STREAM)
             return
         end_stream = bool(flags & FLAG_END_STREAM)
