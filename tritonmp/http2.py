@@ -144,6 +144,19 @@ class Connection(asyncio.Protocol):
         self.drained: asyncio.Future | None = None
         self.write_paused = False
         self.resume_waiters: list[asyncio.Future] = []
+        self.pending: list[bytes] = []  # frames written in this loop iteration, sent together at its end
+
+    def _write(self, data: bytes) -> None:
+        """Frames go out once per loop iteration: the answers that complete together (a batch)
+        leave in one system call."""
+        if not self.pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.pending.append(data)
+
+    def _flush(self) -> None:
+        pending, self.pending = self.pending, []
+        if pending and not self.transport.is_closing():
+            self.transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
 
     # ---- asyncio protocol ----
 
@@ -242,7 +255,7 @@ class Connection(asyncio.Protocol):
             if stream_id or len(payload) != 8:
                 raise ProtocolError("malformed PING", FRAME_SIZE_ERROR if len(payload) != 8 else PROTOCOL_ERROR)
             if not flags & FLAG_ACK:
-                self.transport.write(frame(PING, FLAG_ACK, 0, payload))
+                self._write(frame(PING, FLAG_ACK, 0, payload))
         elif kind == RST_STREAM:
             if not stream_id or len(payload) != 4:
                 raise ProtocolError("malformed RST_STREAM")
@@ -292,7 +305,7 @@ class Connection(asyncio.Protocol):
         if flags & FLAG_END_STREAM:
             stream.remote_closed = True
         elif stream.recv_unacked >= RECV_STREAM_WINDOW // 2:
-            self.transport.write(frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(stream.recv_unacked)))
+            self._write(frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(stream.recv_unacked)))
             stream.recv_unacked = 0
         if chunk:
             stream.handler.data(chunk)
@@ -304,7 +317,7 @@ class Connection(asyncio.Protocol):
         if self.recv_unacked > RECV_CONNECTION_WINDOW:
             raise ProtocolError("the peer overran the connection's flow-control window", FLOW_CONTROL_ERROR)
         if self.recv_unacked >= RECV_CONNECTION_WINDOW // 2:
-            self.transport.write(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.recv_unacked)))
+            self._write(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.recv_unacked)))
             self.recv_unacked = 0
 
     def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
@@ -385,7 +398,7 @@ class Connection(asyncio.Protocol):
                 self.peer_frame_size = value
             elif key == SETTINGS_ENABLE_PUSH and value > 1:
                 raise ProtocolError("invalid SETTINGS_ENABLE_PUSH")
-        self.transport.write(frame(SETTINGS, FLAG_ACK, 0))
+        self._write(frame(SETTINGS, FLAG_ACK, 0))
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
@@ -438,7 +451,7 @@ class Connection(asyncio.Protocol):
         """Headers (or trailers, with end_stream) for an open stream; never blocks."""
         if not self.is_open(stream):
             return
-        self.transport.write(self._header_frames(stream.id, block, end_stream))
+        self._write(self._header_frames(stream.id, block, end_stream))
         if end_stream:
             self._finish(stream)
 
@@ -453,7 +466,7 @@ class Connection(asyncio.Protocol):
         self.send_window -= n
         stream.send_window -= n
         sid = stream.id
-        self.transport.write(self._header_frames(sid, headers, False) + frame(DATA, 0, sid, data)
+        self._write(self._header_frames(sid, headers, False) + frame(DATA, 0, sid, data)
                              + self._header_frames(sid, trailers, True))
         self._finish(stream)
         return True
@@ -479,7 +492,8 @@ class Connection(asyncio.Protocol):
                 continue
             self.send_window -= n
             stream.send_window -= n
-            self.transport.write(frame(DATA, 0, stream.id, bytes(view[:n])))
+            self._flush()  # what is pending goes first; large data is not held back
+            self.transport.writelines((_HEAD.pack(n << 8 | DATA, 0, stream.id), view[:n]))
             view = view[n:]
 
     def _finish(self, stream: Stream) -> None:
@@ -496,7 +510,7 @@ class Connection(asyncio.Protocol):
 
     def _reset(self, stream_id: int, code: int) -> None:
         if not self.closed:
-            self.transport.write(frame(RST_STREAM, 0, stream_id, _U32.pack(code)))
+            self._write(frame(RST_STREAM, 0, stream_id, _U32.pack(code)))
 
     def _drop(self, stream: Stream, notify: bool) -> None:
         if self.streams.get(stream.id) is stream:
@@ -513,11 +527,12 @@ class Connection(asyncio.Protocol):
         if self.closed or self.goaway_sent:
             return
         self.goaway_sent = True
-        self.transport.write(frame(GOAWAY, 0, 0, _U32.pack(self.last_stream_id) + _U32.pack(code) + debug))
+        self._write(frame(GOAWAY, 0, 0, _U32.pack(self.last_stream_id) + _U32.pack(code) + debug))
 
     def _close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._flush()
             self.transport.close()
 
     def _close_when_idle(self) -> None:
