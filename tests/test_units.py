@@ -1,5 +1,5 @@
 """The pure pieces, tested directly: the batch policy under a fake clock, the arena allocator,
-the batch codec, the BYTES format."""
+the batch codec, the BYTES format, the CUDA IPC handle struct."""
 
 from collections import deque
 
@@ -10,6 +10,7 @@ from tritonmp import batching, datatypes, transport
 from tritonmp.arena import Arena, segment_name
 from tritonmp.core import InferRequest, RequestedOutput, Tensor
 from tritonmp.scheduler import BatchPolicy
+from tritonmp.workers import cuda_shm
 
 
 def _req(batch=1, key=("x",), at=0):
@@ -155,3 +156,10 @@ def test_message_reader_splits_joined_messages_and_reads_large_ones():
         assert reader.read() is None  # the peer has gone
     finally:
         b.close()
+
+
+def test_cuda_ipc_handle_keeps_every_byte():
+    raw = bytes(range(64))  # starts with NUL, as real handles often do
+    assert bytes(cuda_shm.ipc_handle(raw)) == raw
+    with pytest.raises(ValueError, match="64 bytes"):
+        cuda_shm.ipc_handle(raw[:63])

@@ -24,6 +24,14 @@ class _IpcHandle(ctypes.Structure):
     _fields_ = [("reserved", ctypes.c_char * IPC_HANDLE_SIZE)]
 
 
+def ipc_handle(raw_handle: bytes) -> _IpcHandle:
+    """The handle's 64 bytes as the C struct, byte for byte (assigning bytes to a c_char array
+    field would stop at the first NUL, and handles are full of them)."""
+    if len(raw_handle) != IPC_HANDLE_SIZE:
+        raise ValueError(f"a cudaIpcMemHandle has {IPC_HANDLE_SIZE} bytes, got {len(raw_handle)}")
+    return _IpcHandle.from_buffer_copy(raw_handle)
+
+
 def _find_cudart() -> str:
     explicit = os.environ.get("TRITONMP_CUDART")
     if explicit:
@@ -60,8 +68,7 @@ class CudaRuntime:
             raise ValueError(f"{what} failed: {self.lib.cudaGetErrorString(code).decode()} (CUDA error {code})")
 
     def open(self, raw_handle: bytes) -> int:
-        handle = _IpcHandle()
-        handle.reserved = raw_handle
+        handle = ipc_handle(raw_handle)
         ptr = ctypes.c_void_p()
         self.check(self.lib.cudaIpcOpenMemHandle(ctypes.byref(ptr), handle, _IPC_LAZY_ENABLE_PEER_ACCESS),
                    "cudaIpcOpenMemHandle")
