@@ -80,7 +80,8 @@ needs_gpu = pytest.mark.skipif(not visible_gpus() or os.environ.get("TRITONMP_FA
 
 @pytest.mark.gpu
 @needs_gpu
-def test_inputs_and_outputs_in_device_memory(start_server, tmp_path):
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_inputs_and_outputs_in_device_memory(start_server, tmp_path, module):
     cudashm = pytest.importorskip("tritonclient.utils.cuda_shared_memory",
                                   reason="needs cuda-python (install tritonmp[gpu])")
     from make_example_repo import binary_op_model, write
@@ -90,7 +91,7 @@ def test_inputs_and_outputs_in_device_memory(start_server, tmp_path):
     (repo / "add_gpu" / "config.pbtxt").write_text(
         'platform: "onnxruntime_onnx"\nmax_batch_size: 8\ninstance_group [ { kind: KIND_GPU, gpus: [ 0 ] } ]\n')
     server = start_server([repo], "--allow-client-shm=true")
-    client = httpclient.InferenceServerClient(server.url)
+    client = module.InferenceServerClient(server.url if module is httpclient else server.grpc_url)
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     inp = cudashm.create_shared_memory_region("in", 2 * a.nbytes, 0)
     out = cudashm.create_shared_memory_region("out", a.nbytes, 0)
@@ -98,10 +99,10 @@ def test_inputs_and_outputs_in_device_memory(start_server, tmp_path):
         cudashm.set_shared_memory_region(inp, [a, a * 10])
         client.register_cuda_shared_memory("in", cudashm.get_raw_handle(inp), 0, 2 * a.nbytes)
         client.register_cuda_shared_memory("out", cudashm.get_raw_handle(out), 0, a.nbytes)
-        inputs = [httpclient.InferInput("A", [2, 3], "FP32"), httpclient.InferInput("B", [2, 3], "FP32")]
+        inputs = [module.InferInput("A", [2, 3], "FP32"), module.InferInput("B", [2, 3], "FP32")]
         inputs[0].set_shared_memory("in", a.nbytes)
         inputs[1].set_shared_memory("in", a.nbytes, offset=a.nbytes)
-        outputs = [httpclient.InferRequestedOutput("C")]
+        outputs = [module.InferRequestedOutput("C")]
         outputs[0].set_shared_memory("out", a.nbytes)
         client.infer("add_gpu", inputs, outputs=outputs)
         np.testing.assert_array_equal(cudashm.get_contents_as_numpy(out, np.float32, [2, 3]), a * 11)
