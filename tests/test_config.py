@@ -211,3 +211,16 @@ def test_auto_complete_config_errors_are_reported(tmp_path):
     assert result.returncode == 1
     assert "auto_complete_config: auto_complete_config failed: ValueError: configuration specified " \
            "max_batch_size 2, but auto-complete-config tries to set it to 4" in result.stdout
+
+
+def test_onnx_session_parameters_reach_onnxruntime(start_server, tmp_path):
+    repo = tmp_path / "threads"
+    _onnx_model(repo, "quiet", config="")
+    _onnx_model(repo, "spinning", config='parameters { key: "session.intra_op.allow_spinning" '
+                                         'value: { string_value: "1" } }\n')
+    server = start_server([repo])
+    log = server.log()
+    assert "'quiet' version 1 is ready" in log and "'spinning' version 1 is ready" in log
+    quiet = next(line for line in log.splitlines() if "'quiet' version 1 is ready" in line)
+    spinning = next(line for line in log.splitlines() if "'spinning' version 1 is ready" in line)
+    assert "intra-op threads spin off" in quiet and "intra-op threads spin on" in spinning

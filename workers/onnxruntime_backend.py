@@ -33,6 +33,21 @@ def _int_param(config: dict, key: str) -> int:
     return int(value) if value.strip().lstrip("-").isdigit() else 0
 
 
+SPINNING = "session.intra_op.allow_spinning"
+
+
+def session_config_entries(config: dict) -> dict[str, str]:
+    """onnxruntime session config entries from the model's `session.*` parameters. Intra-op threads
+    do not spin-wait between runs unless the model asks for it (`session.intra_op.allow_spinning`:
+    "1"): each instance is a process of its own, and threads spinning in one take the cores the
+    frontend and the other instances need."""
+    entries = {SPINNING: "0"}
+    for key, value in config.get("parameters", {}).items():
+        if key.startswith("session."):
+            entries[key] = str(value.get("string_value", ""))
+    return entries
+
+
 class OnnxRuntimeBackend:
     def __init__(self, spec: WorkerSpec, config: dict):
         import onnxruntime as ort
@@ -45,6 +60,9 @@ class OnnxRuntimeBackend:
             options.intra_op_num_threads = intra
         if inter > 0:
             options.inter_op_num_threads = inter
+        entries = session_config_entries(config)
+        for key, value in entries.items():
+            options.add_session_config_entry(key, value)
         providers = ["CPUExecutionProvider"]
         if spec.kind == "GPU":
             if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -56,7 +74,8 @@ class OnnxRuntimeBackend:
         self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.output_meta = {o.name: o for o in self.session.get_outputs()}
-        self.detail = "onnxruntime providers: " + ", ".join(self.session.get_providers())
+        self.detail = ("onnxruntime providers: " + ", ".join(self.session.get_providers())
+                       + "; intra-op threads spin " + ("on" if entries[SPINNING] == "1" else "off"))
 
     def metadata(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
         def spec_of(v):
