@@ -84,6 +84,22 @@ def header_block(headers: list[tuple[bytes, bytes]]) -> bytes:
     return bytes(out)
 
 
+def _only_indexed(block: bytes) -> bool:
+    """Whether an HPACK block holds nothing but indexed header fields (RFC 7541 6.1), which leave
+    the dynamic table as it was."""
+    i, n = 0, len(block)
+    while i < n:
+        b = block[i]
+        if not b & 0x80:
+            return False
+        i += 1
+        if b & 0x7F == 0x7F:  # the index continues in 7-bit groups
+            while i < n and block[i] & 0x80:
+                i += 1
+            i += 1
+    return True
+
+
 class StreamHandler:
     """What the application does with one request stream; the connection calls these in order:
     data() any number of times, then end() once the peer has finished sending, or reset() if the
@@ -131,6 +147,7 @@ class Connection(asyncio.Protocol):
         self.preface_seen = False
         self.decoder = hpack.Decoder()
         self.decoder.max_header_list_size = MAX_HEADER_LIST
+        self.header_cache: dict[bytes, dict[bytes, bytes]] = {}
         self.streams: dict[int, Stream] = {}
         self.last_stream_id = 0
         self.peer_frame_size = DEFAULT_FRAME_SIZE
@@ -351,8 +368,23 @@ class Connection(asyncio.Protocol):
             self.continuing = None
             self._header_block(stream, stream_id, first_flags, bytes(block))
 
+    def _decode(self, block: bytes) -> dict[bytes, bytes]:
+        """A header block as a dict. Clients repeat the same headers on every call, which after the
+        first call are references into the dynamic table, so their blocks repeat byte for byte:
+        such a block only reads the table, and its decoding is kept until the table changes."""
+        headers = self.header_cache.get(block)
+        if headers is None:
+            headers = dict(self.decoder.decode(block, raw=True))
+            if _only_indexed(block):
+                if len(self.header_cache) >= 64:
+                    self.header_cache.clear()
+                self.header_cache[block] = headers
+            else:  # the block may have added to or resized the table: earlier decodings are stale
+                self.header_cache.clear()
+        return headers
+
     def _header_block(self, stream: Stream, stream_id: int, flags: int, block: bytes) -> None:
-        headers = self.decoder.decode(block, raw=True)
+        headers = self._decode(block)
         if stream is _CLOSED:
             return
         if stream is _REFUSED:  # after GOAWAY: the client may retry it elsewhere
@@ -365,7 +397,7 @@ class Connection(asyncio.Protocol):
             stream.remote_closed = True
             stream.handler.end()
             return
-        stream.headers = dict(headers)
+        stream.headers = headers  # shared with the decoding cache: read, never changed
         stream.remote_closed = end_stream
         self.streams[stream_id] = stream
         stream.handler = self.open_stream(self, stream)
