@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from typing import Protocol
 
 import hpack
 
@@ -100,24 +101,20 @@ def _only_indexed(block: bytes) -> bool:
     return True
 
 
-class StreamHandler:
+class StreamHandler(Protocol):
     """What the application does with one request stream; the connection calls these in order:
     data() any number of times, then end() once the peer has finished sending, or reset() if the
     stream is cancelled (by the peer, or by the connection closing) before the answer is sent."""
 
-    def data(self, chunk: bytes) -> None:
-        raise NotImplementedError
+    def data(self, chunk: bytes) -> None: ...
 
-    def end(self) -> None:
-        raise NotImplementedError
+    def end(self) -> None: ...
 
-    def reset(self) -> None:
-        raise NotImplementedError
+    def reset(self) -> None: ...
 
 
 class Stream:
-    __slots__ = ("id", "headers", "handler", "send_window", "recv_unacked", "remote_closed", "local_closed",
-                 "window_waiter", "header_frames_done")
+    __slots__ = ("id", "headers", "handler", "send_window", "recv_unacked", "remote_closed", "local_closed")
 
     def __init__(self, stream_id: int, send_window: int):
         self.id = stream_id
@@ -127,8 +124,6 @@ class Stream:
         self.recv_unacked = 0
         self.remote_closed = False
         self.local_closed = False
-        self.window_waiter: asyncio.Future | None = None
-        self.header_frames_done = True
 
 
 _CLOSED = Stream(0, 0)  # stands for a stream already closed, in _headers
