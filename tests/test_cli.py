@@ -1,12 +1,13 @@
 """The command line: both entry points, Triton's flag names, --workers."""
 
 import os
+import socket
 import subprocess
 import sys
 
 import orjson
 
-from conftest import TRITONMP
+from conftest import TRITONMP, free_ports
 
 
 def test_console_script_and_module_both_run():
@@ -52,3 +53,17 @@ def test_bad_trace_and_cache_configs_are_refused(tmp_path):
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 1, flag
         assert message in result.stderr
+
+
+def test_a_busy_port_is_a_clear_error(tmp_path):
+    (http_port, grpc_port, metrics_port) = free_ports(3)
+    for busy in ("--http-port", "--grpc-port"):
+        with socket.create_server(("0.0.0.0", 0)) as taken:
+            ports = {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port,
+                     busy: taken.getsockname()[1]}
+            result = subprocess.run([*TRITONMP, "--model-repository", str(tmp_path),
+                                     *[str(x) for kv in ports.items() for x in kv]],
+                                    capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1, busy
+        assert "cannot serve:" in result.stderr and "in use" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr

@@ -177,7 +177,11 @@ class Server:
         poller = None
         code = 0
         try:
-            await self._start_frontends(models, dataplane)
+            try:
+                await self._start_frontends(models, dataplane)
+            except OSError as e:  # a port in use, an address not on this host, unreadable TLS files
+                log.error("cannot serve: %s", e)
+                return 1
             names = self.load_models if self.model_control == "explicit" else None
             load = loop.create_task(models.load_all(names))
             stop = loop.create_task(self.stop_requested.wait())
