@@ -43,16 +43,19 @@ def _typed_contents(t, datatype: str) -> bytes:
 
 def decode_infer(msg: pb.ModelInferRequest) -> InferRequest:
     raw = msg.raw_input_contents
-    in_shm = ["shared_memory_region" in t.parameters for t in msg.inputs]
+    tensors = msg.inputs
+    params_of = [parameters_dict(t.parameters) if t.parameters else {} for t in tensors]
+    in_shm = ["shared_memory_region" in p for p in params_of]
     if raw and len(raw) != in_shm.count(False):
         raise invalid(f"expected {in_shm.count(False)} raw_input_contents, one per input not in shared memory, "
                       f"got {len(raw)}")
     inputs = []
     next_raw = 0
-    for t, shm in zip(msg.inputs, in_shm):
-        if t.datatype not in datatypes.ITEMSIZE:
+    itemsize = datatypes.ITEMSIZE
+    for t, shm, params in zip(tensors, in_shm, params_of):
+        datatype = t.datatype
+        if datatype not in itemsize:
             raise invalid(f"invalid datatype for input {t.name}")
-        params = parameters_dict(t.parameters)
         if shm:
             data = None  # the dataplane resolves the region
         elif raw:
@@ -61,17 +64,17 @@ def decode_infer(msg: pb.ModelInferRequest) -> InferRequest:
             data = raw[next_raw]
             next_raw += 1
         else:
-            data = _typed_contents(t, t.datatype)
-        inputs.append(Tensor(t.name, t.datatype, list(t.shape), data, params))
+            data = _typed_contents(t, datatype)
+        inputs.append(Tensor(t.name, datatype, list(t.shape), data, params))
     outputs = None
     if msg.outputs:
         outputs = []
         for o in msg.outputs:
-            params = parameters_dict(o.parameters)
+            params = parameters_dict(o.parameters) if o.parameters else {}
             params.pop("binary_data", None)
             outputs.append(RequestedOutput(o.name, params))
     return InferRequest(msg.model_name, msg.model_version, msg.id, inputs, outputs,
-                        parameters_dict(msg.parameters))
+                        parameters_dict(msg.parameters) if msg.parameters else {})
 
 
 def encode_infer(response: InferResponse) -> pb.ModelInferResponse:
