@@ -125,8 +125,7 @@ class _Call(http2.StreamHandler):
             if self.buffer:
                 raise RpcError(Code.INTERNAL, "the request ended inside a message")
             if len(messages) != 1:
-                raise RpcError(Code.UNIMPLEMENTED if messages else Code.INTERNAL,
-                               f"a unary method takes one request message, got {len(messages)}")
+                raise RpcError(Code.INTERNAL, f"a unary method takes one request message, got {len(messages)}")
         except RpcError as e:
             self._fail(e.code, e.message)
             return
