@@ -8,7 +8,8 @@
 # perf_analyzer against each over HTTP and gRPC, at each concurrency,
 # alternating servers for ROUNDS rounds. Prints the medians and the ratio tritonmp / Triton.
 # Environment: ROUNDS (3), CONCURRENCY ("1 8 32"), PROTOCOLS ("http grpc"), INTERVAL_MS (3000),
-# STABILITY (30: perf_analyzer's --stability-percentage; this machine class is noisy).
+# STABILITY (30: perf_analyzer's --stability-percentage; this machine class is noisy),
+# TRITONMP_ARGS (extra tritonmp flags, e.g. "--grpc-engine grpcio" to measure grpc.aio instead).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 anchors_dir=${ANCHORS_DIR:-$HOME/.cache/tritonmp-anchors}
@@ -47,7 +48,7 @@ wait_ready() {
 }
 
 "$py" -m tritonmp --model-repository "$work/repo" --http-port "$mp_http" --grpc-port "$mp_grpc" \
-  --metrics-port "$mp_metrics" >"$work/tritonmp.log" 2>&1 &
+  --metrics-port "$mp_metrics" ${TRITONMP_ARGS:-} >"$work/tritonmp.log" 2>&1 &
 pids+=($!)
 "$anchors_dir/bin/tritonserver-ref" --model-repository "$work/repo" --http-port "$ref_http" \
   --grpc-port "$ref_grpc" --metrics-port "$ref_metrics" >"$work/triton.log" 2>&1 &
