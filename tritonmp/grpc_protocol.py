@@ -103,7 +103,7 @@ class _Call(http2.StreamHandler):
         self.headers_sent = False
         if method.streaming:
             self.messages = asyncio.Queue()
-            self.task = asyncio.get_running_loop().create_task(self._run_streaming())
+            self.task = asyncio.get_running_loop().create_task(self._run(self._streaming))
 
     # ---- from the connection ----
 
@@ -129,7 +129,7 @@ class _Call(http2.StreamHandler):
         except RpcError as e:
             self._fail(e.code, e.message)
             return
-        self.task = asyncio.get_running_loop().create_task(self._run_unary(messages[0]))
+        self.task = asyncio.get_running_loop().create_task(self._run(self._unary, messages[0]))
 
     def reset(self) -> None:
         if self.task is not None:
@@ -183,26 +183,27 @@ class _Call(http2.StreamHandler):
         payload = message.SerializeToString()
         return b"\x00" + len(payload).to_bytes(4, "big") + payload
 
-    async def _run_unary(self, request) -> None:
+    async def _run(self, work, *args) -> None:
+        """`await work(*args)` under the call's deadline; any failure becomes the call's status.
+        (The coroutine is made here, so a call cancelled before it starts leaves none unawaited.)"""
         try:
             if self.timeout is None:
-                response = await self.method.handler(request)
+                await work(*args)
             else:
                 async with asyncio.timeout(self.timeout):
-                    response = await self.method.handler(request)
-            data = self._frame(response)
+                    await work(*args)
         except RpcError as e:
             self._fail(e.code, e.message)
-            return
         except TimeoutError:
             self._fail(Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
-            return
         except asyncio.CancelledError:
-            return
+            pass  # the client reset the stream or went away: nobody to answer
         except Exception as e:
-            log.exception("gRPC method failed")
+            log.exception("gRPC call %s failed", self.stream.headers.get(b":path", b"").decode(errors="replace"))
             self._fail(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}")
-            return
+
+    async def _unary(self, request) -> None:
+        data = self._frame(await self.method.handler(request))
         conn, stream = self.conn, self.stream
         if not conn.try_send_all(stream, RESPONSE_HEADERS, data, OK_TRAILERS):
             conn.send_headers(stream, RESPONSE_HEADERS)
@@ -219,27 +220,13 @@ class _Call(http2.StreamHandler):
                 raise item
             yield item
 
-    async def _run_streaming(self) -> None:
+    async def _streaming(self) -> None:
         conn, stream = self.conn, self.stream
-        try:
-            async with asyncio.timeout(self.timeout):
-                async for response in self.method.handler(self._requests()):
-                    if not self.headers_sent:
-                        conn.send_headers(stream, RESPONSE_HEADERS)
-                        self.headers_sent = True
-                    await conn.send_data(stream, self._frame(response))
-        except RpcError as e:
-            self._fail(e.code, e.message)
-            return
-        except TimeoutError:
-            self._fail(Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
-            return
-        except asyncio.CancelledError:
-            return
-        except Exception as e:
-            log.exception("gRPC stream failed")
-            self._fail(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}")
-            return
+        async for response in self.method.handler(self._requests()):
+            if not self.headers_sent:
+                conn.send_headers(stream, RESPONSE_HEADERS)
+                self.headers_sent = True
+            await conn.send_data(stream, self._frame(response))
         if self.headers_sent:
             conn.send_headers(stream, OK_TRAILERS, end_stream=True)
         else:
