@@ -57,11 +57,11 @@ def test_bad_trace_and_cache_configs_are_refused(tmp_path):
 
 def test_a_busy_port_is_a_clear_error(tmp_path):
     (http_port, grpc_port, metrics_port) = free_ports(3)
-    for busy in ("--http-port", "--grpc-port"):
+    for busy, engine in (("--http-port", "builtin"), ("--grpc-port", "builtin"), ("--grpc-port", "grpcio")):
         with socket.create_server(("0.0.0.0", 0)) as taken:
             ports = {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port,
                      busy: taken.getsockname()[1]}
-            result = subprocess.run([*TRITONMP, "--model-repository", str(tmp_path),
+            result = subprocess.run([*TRITONMP, "--model-repository", str(tmp_path), "--grpc-engine", engine,
                                      *[str(x) for kv in ports.items() for x in kv]],
                                     capture_output=True, text=True, timeout=60)
         assert result.returncode == 1, busy

@@ -1,4 +1,4 @@
-"""gRPC over TLS and mutual TLS, with certificates the test makes with openssl."""
+"""gRPC over TLS and mutual TLS on both engines, with certificates the test makes with openssl."""
 
 import shutil
 import subprocess
@@ -38,8 +38,10 @@ def _infer(url, **ssl):
     return client.infer("add", inputs).as_numpy("C")
 
 
-def test_tls(start_server, example_repo, certs):
-    server = start_server([example_repo], "--grpc-use-ssl=true", "--grpc-server-cert", str(certs / "server.crt"),
+@pytest.mark.parametrize("engine", ["builtin", "grpcio"])
+def test_tls(start_server, example_repo, certs, engine):
+    server = start_server([example_repo], f"--grpc-engine={engine}", "--grpc-use-ssl=true",
+                          "--grpc-server-cert", str(certs / "server.crt"),
                           "--grpc-server-key", str(certs / "server.key"))
     url = f"localhost:{server.grpc_port}"
     np.testing.assert_array_equal(_infer(url, root_certificates=str(certs / "ca.crt")), np.full((1, 3), 2.0))
@@ -47,8 +49,9 @@ def test_tls(start_server, example_repo, certs):
         grpcclient.InferenceServerClient(url).is_server_live()  # plaintext to a TLS port fails
 
 
-def test_mutual_tls_requires_a_client_certificate(start_server, example_repo, certs):
-    server = start_server([example_repo], "--grpc-use-ssl-mutual=true", "--grpc-server-cert",
+@pytest.mark.parametrize("engine", ["builtin", "grpcio"])
+def test_mutual_tls_requires_a_client_certificate(start_server, example_repo, certs, engine):
+    server = start_server([example_repo], f"--grpc-engine={engine}", "--grpc-use-ssl-mutual=true", "--grpc-server-cert",
                           str(certs / "server.crt"), "--grpc-server-key", str(certs / "server.key"),
                           "--grpc-root-cert", str(certs / "ca.crt"))
     url = f"localhost:{server.grpc_port}"

@@ -272,16 +272,19 @@ class _GrpcioServer:
 
     async def start(self, address: str, port: int, tls: dict | None) -> None:
         target = f"{address}:{port}"
-        if tls:
-            root = _read(tls["root_cert"]) if tls.get("root_cert") else None
-            credentials = grpc.ssl_server_credentials(
-                [(_read(tls["server_key"]), _read(tls["server_cert"]))], root_certificates=root,
-                require_client_auth=bool(tls.get("mutual")))
-            bound = self.server.add_secure_port(target, credentials)
-        else:
-            bound = self.server.add_insecure_port(target)
+        try:
+            if tls:
+                root = _read(tls["root_cert"]) if tls.get("root_cert") else None
+                credentials = grpc.ssl_server_credentials(
+                    [(_read(tls["server_key"]), _read(tls["server_cert"]))], root_certificates=root,
+                    require_client_auth=bool(tls.get("mutual")))
+                bound = self.server.add_secure_port(target, credentials)
+            else:
+                bound = self.server.add_insecure_port(target)
+        except RuntimeError:  # grpcio's word for a failed bind
+            bound = 0
         if not bound:
-            raise OSError(f"the gRPC service could not bind {target}")
+            raise OSError(f"the gRPC service could not bind {target} (address in use, or not on this host)")
         await self.server.start()
 
     async def stop(self, grace: float | None) -> None:
