@@ -55,6 +55,7 @@ def _good_traffic(url, stop, failures, count):
             count[0] += 1
         except Exception as e:  # any failure of a good request fails the test
             failures.append(e)
+    client.close()  # in this thread, not in the collector's
 
 
 @pytest.fixture

@@ -64,6 +64,8 @@ class Calls:
                 self.results[name] = int(client.infer("sleepy", [x], **kwargs).as_numpy("SEQ")[0, 0])
             except InferenceServerException as e:
                 self.results[name] = e
+            finally:
+                client.close()  # in this thread: a client left to the collector would close in another's
             self.ended[name] = time.monotonic()
 
         thread = threading.Thread(target=run)

@@ -128,6 +128,7 @@ def test_reload_under_traffic_loses_no_request(explicit):
                 done[0] += 1
             except Exception as e:  # every request must succeed
                 failures.append(e)
+        c.close()  # in this thread, not in the collector's
 
     threads = [threading.Thread(target=traffic) for _ in range(4)]
     for t in threads:
