@@ -23,7 +23,6 @@ from .grpc_protocol import Code, GrpcServer, Method, RpcError, server_ssl_contex
 log = logging.getLogger("tritonmp.grpc")
 
 SERVICE = "inference.GRPCInferenceService"
-ENGINES = ("builtin", "grpcio")
 CODE_OF = {
     Status.UNKNOWN: Code.UNKNOWN,
     Status.INTERNAL: Code.INTERNAL,
