@@ -3,6 +3,7 @@ its processes, and every shared-memory segment it could have left."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import http.client
 import os
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -226,13 +228,20 @@ def start_server(tmp_path):
         assert not shm_segments(server.pid), f"shared memory left behind: {shm_segments(server.pid)}"
 
 
-@pytest.fixture(scope="module")
-def server(example_repo, test_repo, tmp_path_factory):
-    """One server on the example and test repositories, shared by a module's tests."""
-    s = ServerProcess([example_repo, test_repo], [], tmp_path_factory.mktemp("log") / "server.log")
+@contextlib.contextmanager
+def serving(repos: list[Path], args: list[str], tmp_path_factory) -> Iterator[ServerProcess]:
+    """A ready server for a module-scoped fixture; stopped, and checked to leave no shared memory."""
+    s = ServerProcess(repos, args, tmp_path_factory.mktemp("log") / "server.log")
     try:
         s.wait_ready()
         yield s
     finally:
         s.cleanup()
         assert not shm_segments(s.pid), f"shared memory left behind: {shm_segments(s.pid)}"
+
+
+@pytest.fixture(scope="module")
+def server(example_repo, test_repo, tmp_path_factory):
+    """One server on the example and test repositories, shared by a module's tests."""
+    with serving([example_repo, test_repo], [], tmp_path_factory) as s:
+        yield s

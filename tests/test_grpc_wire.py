@@ -17,7 +17,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
-from conftest import X_TO_Y_CONFIG, ServerProcess, add_inputs, scrape_metrics, shm_segments, write_model
+from conftest import X_TO_Y_CONFIG, add_inputs, scrape_metrics, serving, write_model
 
 ECHO = '''
 import time
@@ -50,14 +50,8 @@ def echo_repo(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=["builtin", "grpcio"])
 def wire_server(request, echo_repo, example_repo, tmp_path_factory):
-    s = ServerProcess([echo_repo, example_repo], [f"--grpc-engine={request.param}"],
-                      tmp_path_factory.mktemp("log") / "server.log")
-    try:
-        s.wait_ready()
+    with serving([echo_repo, example_repo], [f"--grpc-engine={request.param}"], tmp_path_factory) as s:
         yield s
-    finally:
-        s.cleanup()
-        assert not shm_segments(s.pid)
 
 
 def _x(module, value: np.ndarray):

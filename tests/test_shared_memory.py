@@ -9,19 +9,13 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from conftest import serving
+
 
 @pytest.fixture(scope="module")
 def shm_server(example_repo, test_repo, tmp_path_factory):
-    from conftest import ServerProcess, shm_segments
-
-    s = ServerProcess([example_repo, test_repo], ["--allow-client-shm=true"],
-                      tmp_path_factory.mktemp("log") / "server.log")
-    try:
-        s.wait_ready()
+    with serving([example_repo, test_repo], ["--allow-client-shm=true"], tmp_path_factory) as s:
         yield s
-    finally:
-        s.cleanup()
-        assert not shm_segments(s.pid)
 
 
 @pytest.fixture
