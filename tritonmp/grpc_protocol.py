@@ -72,11 +72,14 @@ def _percent_encode(message: str) -> bytes:
     return bytes(out)
 
 
-def status_trailers(code: Code, message: str = "") -> list[tuple[bytes, bytes]]:
-    headers = [(b"grpc-status", str(int(code)).encode())]
+def status_block(code: Code, message: str = "", trailers_only: bool = False) -> bytes:
+    """The header block that ends a call with a status: trailers after a response's headers, or a
+    whole trailers-only response when nothing was sent before."""
+    headers = [(b":status", b"200"), (b"content-type", b"application/grpc")] if trailers_only else []
+    headers.append((b"grpc-status", str(int(code)).encode()))
     if message:
         headers.append((b"grpc-message", _percent_encode(message)))
-    return headers
+    return http2.header_block(headers)
 
 
 def _deadline(value: bytes | None) -> float | None:
@@ -171,12 +174,8 @@ class _Call(http2.StreamHandler):
     # ---- answering ----
 
     def _fail(self, code: Code, message: str) -> None:
-        block = status_trailers(code, message)
-        if self.headers_sent:
-            self.conn.send_headers(self.stream, http2.header_block(block), end_stream=True)
-        else:  # trailers-only response
-            self.conn.send_headers(self.stream, http2.header_block(
-                [(b":status", b"200"), (b"content-type", b"application/grpc")] + block), end_stream=True)
+        self.conn.send_headers(self.stream, status_block(code, message, trailers_only=not self.headers_sent),
+                               end_stream=True)
 
     @staticmethod
     def _frame(message) -> bytes:
@@ -249,11 +248,9 @@ class GrpcServer:
             return _Ignored()
         if method is None:
             path = headers.get(b":path", b"").decode(errors="replace")
-            call = _Ignored()
-            conn.send_headers(stream, http2.header_block(
-                [(b":status", b"200"), (b"content-type", b"application/grpc")]
-                + status_trailers(Code.UNIMPLEMENTED, f"Method not found: {path}")), end_stream=True)
-            return call
+            conn.send_headers(stream, status_block(Code.UNIMPLEMENTED, f"Method not found: {path}", trailers_only=True),
+                              end_stream=True)
+            return _Ignored()
         return _Call(conn, stream, method)
 
     def _connection(self) -> http2.Connection:
