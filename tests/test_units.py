@@ -1,12 +1,13 @@
 """The pure pieces, tested directly: the batch policy under a fake clock, the arena allocator,
-the batch codec, the BYTES format, the CUDA IPC handle struct."""
+the batch codec, the BYTES format, the CUDA IPC handle struct, HPACK blocks that may be cached."""
 
 from collections import deque
 
+import hpack
 import numpy as np
 import pytest
 
-from tritonmp import batching, datatypes, transport
+from tritonmp import batching, datatypes, http2, transport
 from tritonmp.arena import Arena, segment_name
 from tritonmp.core import InferRequest, RequestedOutput, Tensor
 from tritonmp.scheduler import BatchPolicy
@@ -163,3 +164,12 @@ def test_cuda_ipc_handle_keeps_every_byte():
     assert bytes(cuda_shm.ipc_handle(raw)) == raw
     with pytest.raises(ValueError, match="64 bytes"):
         cuda_shm.ipc_handle(raw[:63])
+
+
+def test_only_table_references_make_a_cacheable_header_block():
+    headers = [(":method", "POST"), (":path", "/inference.GRPCInferenceService/ModelInfer"), ("te", "trailers")]
+    encoder = hpack.Encoder()
+    first, second = encoder.encode(headers), encoder.encode(headers)
+    assert not http2._only_indexed(first)  # literals that add to the dynamic table
+    assert http2._only_indexed(second)  # the same headers again: table references only
+    assert not http2._only_indexed(b"\x3f\xe1\x1f" + second)  # a table size update changes the table
