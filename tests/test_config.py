@@ -1,6 +1,7 @@
 """Configuration: errors name the file, the field and the fix; `tritonmp check` lists them all;
 ONNX configs are completed from the graph; metadata and config answers have Triton's shape."""
 
+import importlib.util
 import shutil
 import subprocess
 from pathlib import Path
@@ -67,10 +68,18 @@ def test_check_reports_every_problem_and_exits_1(bad_repo):
     assert "garbled/config.pbtxt: not a valid ModelConfig in protobuf text format" in out
     assert ("unknown_input/config.pbtxt: input[0].name: 'Z' is not an input of the ONNX model; "
             "its inputs are: A, B") in out
-    assert "trt_model/config.pbtxt: backend: backend 'tensorrt' is not available in this server" in out
-    assert "torch_model/config.pbtxt: input: a TorchScript model does not describe its tensors" in out
+    if importlib.util.find_spec("tensorrt") is None:
+        assert ("trt_model/config.pbtxt: backend: the tensorrt backend needs the 'tensorrt' package, which is not "
+                "installed; install it with: pip install 'tritonmp[tensorrt]'") in out
+    else:
+        assert "trt_model/1/model.plan: " in out
+    if importlib.util.find_spec("torch") is None:
+        assert "torch_model/config.pbtxt: backend: the pytorch backend needs the 'torch' package" in out
+    else:
+        assert "torch_model/config.pbtxt: input: a TorchScript model does not describe its tensors" in out
     assert "no_versions: no version directory" in out
-    assert "8 model(s) checked, 10 problem(s) found" in out
+    torch_problems = 1 if importlib.util.find_spec("torch") is None else 3  # with torch: no tensors listed
+    assert f"8 model(s) checked, {7 + torch_problems} problem(s) found" in out
 
 
 def test_check_passes_a_good_repository(example_repo):

@@ -25,7 +25,7 @@ def check_repositories(repositories: list[str], auto_complete: bool = True) -> t
             if name in seen:
                 problems.append(f"{path}: model '{name}' also appears in {seen[name]}")
             seen[name] = repo
-            result = cfg.check_all(path, auto_complete)
+            result = cfg.check_all(path, auto_complete, inspect=True)
             if isinstance(result, list):
                 problems += [str(p) for p in result]
             else:

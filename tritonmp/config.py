@@ -14,7 +14,7 @@ from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
-from . import datatypes, onnx_graph, warmup
+from . import datatypes, model_io, onnx_graph, warmup
 
 ModelConfig = mc.ModelConfig
 
@@ -23,13 +23,10 @@ BACKENDS = {
     "onnxruntime": ("onnxruntime_onnx", "model.onnx"),
     "python": ("", "model.py"),
     "pytorch": ("pytorch_libtorch", "model.pt"),
+    "openvino": ("", "model.xml"),
+    "tensorflow": ("tensorflow_savedmodel", "model.savedmodel"),
+    "tensorrt": ("tensorrt_plan", "model.plan"),
     "ensemble": ("ensemble", ""),  # runs in the frontend; its version directories hold no file
-}
-# Backends Triton has that this server does not run yet, with their default file names.
-KNOWN_BACKENDS = {
-    "tensorrt": "model.plan",
-    "tensorflow": "model.savedmodel",
-    "openvino": "model.xml",
 }
 PLATFORM_BACKEND = {
     "onnxruntime_onnx": "onnxruntime",
@@ -39,6 +36,43 @@ PLATFORM_BACKEND = {
     "tensorflow_graphdef": "tensorflow",
     "ensemble": "ensemble",
 }
+# (platform, default file) of the platforms that share a backend with the one in BACKENDS
+OTHER_PLATFORMS = {"tensorflow_graphdef": "model.graphdef"}
+# the model files a version directory may hold, in the order they are looked for when a config
+# names neither backend nor platform, with the (backend, platform) each means
+MODEL_FILES = {
+    "model.onnx": ("onnxruntime", "onnxruntime_onnx"), "model.py": ("python", ""),
+    "model.pt": ("pytorch", "pytorch_libtorch"), "model.plan": ("tensorrt", "tensorrt_plan"),
+    "model.savedmodel": ("tensorflow", "tensorflow_savedmodel"),
+    "model.graphdef": ("tensorflow", "tensorflow_graphdef"), "model.xml": ("openvino", ""),
+}
+# backends whose framework is an optional extra, imported only in their workers:
+# backend -> (module, the extra that installs it)
+FRAMEWORKS = {
+    "pytorch": ("torch", "torch"),
+    "openvino": ("openvino", "openvino"),
+    "tensorflow": ("tensorflow", "tensorflow"),
+    "tensorrt": ("tensorrt", "tensorrt"),
+}
+# backends whose model files describe their tensors, read by their framework in a short-lived
+# process when the config leaves its tensors to auto-complete
+INSPECTED = ("openvino", "tensorflow", "tensorrt")
+
+
+def framework_missing(backend: str) -> str:
+    """Why `backend` cannot run here, with the install line that fixes it; "" when it can."""
+    import importlib.util
+
+    if backend not in FRAMEWORKS:
+        return ""
+    module, extra = FRAMEWORKS[backend]
+    try:
+        if importlib.util.find_spec(module) is not None:
+            return ""
+    except (ImportError, ValueError):
+        pass
+    return (f"the {backend} backend needs the '{module}' package, which is not installed; "
+            f"install it with: pip install 'tritonmp[{extra}]'")
 
 
 @dataclass
@@ -81,38 +115,49 @@ def version_dirs(model_dir: str) -> list[int]:
     return sorted(out)
 
 
-def resolve_backend(config: mc.ModelConfig, model_dir: str, versions: list[int], path: str) -> str:
-    """The backend name from `backend`, `platform`, or the model file that is present."""
+def resolve_backend(config: mc.ModelConfig, model_dir: str, versions: list[int], path: str) -> tuple[str, str]:
+    """(backend, platform) from `backend`, `platform`, or the model file that is present."""
     if config.backend:
         backend = config.backend
         if config.platform and PLATFORM_BACKEND.get(config.platform, backend) != backend:
             raise ConfigProblem(path, "platform", f"platform '{config.platform}' does not go with "
                                 f"backend '{backend}'; give one of them, or a matching pair")
+        platform = config.platform
+        if not platform and backend == "tensorflow":  # which format, from the file that is there
+            platform = "tensorflow_savedmodel"
+            for v in reversed(versions):
+                if config.default_model_filename.endswith(".graphdef") or \
+                        os.path.exists(os.path.join(model_dir, str(v), "model.graphdef")):
+                    platform = "tensorflow_graphdef"
+                    break
+                if os.path.exists(os.path.join(model_dir, str(v), "model.savedmodel")):
+                    break
     elif config.platform:
         if config.platform not in PLATFORM_BACKEND:
             raise ConfigProblem(path, "platform", f"unknown platform '{config.platform}'; known: "
                                 + ", ".join(sorted(PLATFORM_BACKEND)))
-        backend = PLATFORM_BACKEND[config.platform]
+        backend, platform = PLATFORM_BACKEND[config.platform], config.platform
     else:
         found = None
-        names = {b: f for b, (_, f) in BACKENDS.items()} | KNOWN_BACKENDS
         for v in reversed(versions):
-            for b, fname in names.items():
+            for fname, pair in MODEL_FILES.items():
                 if os.path.exists(os.path.join(model_dir, str(v), config.default_model_filename or fname)):
-                    found = b
+                    found = pair
                     break
             if found:
                 break
         if found is None:
             raise ConfigProblem(path, "backend", "no backend or platform given and no model file "
-                                "(model.onnx, model.py, ...) found in a version directory; set "
-                                "backend: \"onnxruntime\" or \"python\"")
-        backend = found
+                                "(" + ", ".join(MODEL_FILES) + ") found in a version directory; set "
+                                "backend or platform")
+        backend, platform = found
     if backend not in BACKENDS:
         known = ", ".join(sorted(BACKENDS))
         raise ConfigProblem(path, "backend", f"backend '{backend}' is not available in this server "
                             f"(available: {known})")
-    return backend
+    if backend != "tensorflow":
+        platform = BACKENDS[backend][0]
+    return backend, platform
 
 
 def load(model_dir: str, auto_complete: bool = True, override: str | None = None) -> Completed:
@@ -127,8 +172,12 @@ def load(model_dir: str, auto_complete: bool = True, override: str | None = None
     raise problems[0]
 
 
-def check_all(model_dir: str, auto_complete: bool = True,
-              override: str | None = None) -> Completed | list[ConfigProblem]:
+def check_all(model_dir: str, auto_complete: bool = True, override: str | None = None,
+              inspect: bool = False) -> Completed | list[ConfigProblem]:
+    """Every problem of the model in `model_dir`, or its completed configuration. With `inspect`,
+    a framework model's files are read (in a short-lived process) to check the config against them
+    even where nothing needs completing, as `tritonmp check` does; otherwise its worker checks that
+    when it loads."""
     model_dir = os.path.abspath(model_dir)
     name = os.path.basename(model_dir)
     path = os.path.join(model_dir, "config.pbtxt")
@@ -162,10 +211,10 @@ def check_all(model_dir: str, auto_complete: bool = True,
                                       "number, such as 1/, holding the model file)"))
         return problems
     try:
-        backend = resolve_backend(config, model_dir, versions, path)
+        backend, platform = resolve_backend(config, model_dir, versions, path)
     except ConfigProblem as e:
         return problems + [e]
-    platform, default_file = BACKENDS[backend]
+    default_file = OTHER_PLATFORMS.get(platform) or BACKENDS[backend][1]
     config.backend = "" if backend == "ensemble" else backend
     config.platform = platform
     if not config.default_model_filename:
@@ -183,6 +232,25 @@ def check_all(model_dir: str, auto_complete: bool = True,
             python_complete(config, model_py)
         except ConfigProblem as e:
             return problems + [e]
+    missing = framework_missing(backend)
+    if missing:
+        return problems + [ConfigProblem(path, "backend", missing)]
+    if backend in INSPECTED:
+        model_file = os.path.join(model_dir, str(present[-1]), config.default_model_filename)
+        incomplete = not config.input or not config.output
+        if inspect or (auto_complete and incomplete):
+            try:
+                graph = framework_io(backend, model_file, config)
+            except ConfigProblem as e:
+                return problems + [e]
+            what = describe_model(backend, platform)
+            if auto_complete:
+                model_io.complete(config, graph)
+            problems += model_io.check(config, graph, path, what, all_inputs=True)
+        elif incomplete:
+            problems.append(ConfigProblem(path, "input" if not config.input else "output",
+                                          "missing, and auto-complete is disabled (--disable-auto-complete-config); "
+                                          "list every input and output"))
     if backend == "pytorch" and (not config.input or not config.output):
         problems.append(ConfigProblem(path, "input" if not config.input else "output",
                                       "a TorchScript model does not describe its tensors: list every input and "
@@ -194,8 +262,8 @@ def check_all(model_dir: str, auto_complete: bool = True,
         except ValueError as e:
             return problems + [ConfigProblem(graph_file, "", str(e))]
         if auto_complete:
-            onnx_graph.complete(config, graph)
-        problems += onnx_graph.check(config, graph, path)
+            model_io.complete(config, graph)
+        problems += model_io.check(config, graph, path)
     problems += check_fields(config, path)
     problems += warmup.check(config, model_dir, path)
     if backend == "ensemble":
@@ -231,6 +299,36 @@ def python_complete(config: mc.ModelConfig, model_py: str) -> None:
         raise ConfigProblem(model_py, "auto_complete_config", f"returned a configuration that is not a valid "
                             f"ModelConfig: {e}") from None
     config.CopyFrom(completed)
+
+
+def describe_model(backend: str, platform: str) -> str:
+    """How messages name a model of this backend."""
+    return {"openvino": "OpenVINO model", "tensorrt": "TensorRT engine",
+            "tensorflow_graphdef": "TensorFlow GraphDef"}.get(platform or backend, "TensorFlow SavedModel signature"
+                                                             if backend == "tensorflow" else f"{backend} model")
+
+
+def framework_io(backend: str, model_file: str, config: mc.ModelConfig) -> tuple[list, list]:
+    """The model's inputs and outputs as its framework reads them, in a short-lived process (the
+    frontend never imports a framework)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    if backend != "tensorrt":  # a TensorRT engine is deserialised on a GPU; the others need none
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        result = subprocess.run([sys.executable, "-m", "tritonmp.workers.introspect", backend, model_file],
+                                input=json.dumps(to_json(config)), capture_output=True, text=True, timeout=600,
+                                env=env)
+    except subprocess.TimeoutExpired:
+        raise ConfigProblem(model_file, "", "reading the model's inputs and outputs took over 600 s") from None
+    if result.returncode != 0:
+        lines = [ln for ln in result.stderr.strip().splitlines() if ln.strip()]
+        raise ConfigProblem(model_file, "", lines[-1] if lines else f"cannot be read by the {backend} backend")
+    doc = json.loads(result.stdout)
+    return model_io.from_specs(doc["inputs"]), model_io.from_specs(doc["outputs"])
 
 
 def _check_tensors(kind: str, tensors, config: mc.ModelConfig, path: str) -> list[ConfigProblem]:

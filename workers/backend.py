@@ -37,3 +37,35 @@ class WorkResponse:
 
 class BackendError(Exception):
     """A failure of a whole batch, reported to every request in it."""
+
+
+def param(config: dict, key: str, default: str = "") -> str:
+    """A model config parameter's string value."""
+    return str(config.get("parameters", {}).get(key, {}).get("string_value", default))
+
+
+def model_path(spec, config: dict) -> str:
+    """The model file (or directory) of this instance's version."""
+    import os
+
+    return os.path.join(spec.model_dir, str(spec.model_version), config["default_model_filename"])
+
+
+def tensor_dict(name: str, datatype: str, shape: list[int] | None) -> dict:
+    """One tensor as a framework reads it: what `describe` functions return."""
+    return {"name": name, "datatype": datatype, "shape": shape}
+
+
+def check_io(config: dict, inputs: list[dict], outputs: list[dict], what: str, **options) -> None:
+    """Fail the load, listing every problem, where the config and the model's own tensors disagree
+    (the same check `tritonmp check` runs before serving)."""
+    from google.protobuf import json_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from tritonmp import model_io
+
+    proto = json_format.ParseDict(config, mc.ModelConfig(), ignore_unknown_fields=True)
+    graph = model_io.from_specs(inputs), model_io.from_specs(outputs)
+    problems = model_io.check(proto, graph, "config.pbtxt", what, all_inputs=True, **options)
+    if problems:
+        raise BackendError("the configuration does not match the model: " + "; ".join(str(p) for p in problems))

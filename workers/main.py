@@ -57,6 +57,18 @@ def load_backend(spec: transport.WorkerSpec, config: dict):
         from .pytorch_backend import PyTorchBackend
 
         return PyTorchBackend(spec, config)
+    if spec.backend == "openvino":
+        from .openvino_backend import OpenVinoBackend
+
+        return OpenVinoBackend(spec, config)
+    if spec.backend == "tensorflow":
+        from .tensorflow_backend import TensorFlowBackend
+
+        return TensorFlowBackend(spec, config)
+    if spec.backend == "tensorrt":
+        from .tensorrt_backend import TensorRTBackend
+
+        return TensorRTBackend(spec, config)
     raise BackendError(f"backend '{spec.backend}' is not available in this server")
 
 

@@ -1,0 +1,47 @@
+"""Read a framework model's inputs and outputs in a short-lived process, for auto-complete and
+`tritonmp check` (the frontend never imports a framework).
+
+    python -m tritonmp.workers.introspect BACKEND MODEL_FILE   (the config as JSON on stdin)
+
+Prints {"inputs": [...], "outputs": [...]} (each {"name", "datatype", "shape"}, shape null where
+the rank is unknown) on stdout, or the reason on stderr's last line with exit code 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .backend import BackendError
+
+
+def describe(backend: str, path: str, config: dict) -> tuple[list[dict], list[dict]]:
+    if backend == "openvino":
+        from .openvino_backend import describe as read
+    elif backend == "tensorflow":
+        from .tensorflow_backend import describe as read
+    elif backend == "tensorrt":
+        from .tensorrt_backend import describe as read
+    else:
+        raise BackendError(f"the {backend} backend's models are not read here")
+    return read(path, config)
+
+
+def main() -> int:
+    backend, path = sys.argv[1], sys.argv[2]
+    config = json.loads(sys.stdin.read())
+    try:
+        inputs, outputs = describe(backend, path, config)
+    except BackendError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    except Exception as e:
+        print(f"the {backend} backend cannot read the model: {type(e).__name__}: {e}".replace("\n", " "),
+              file=sys.stderr)
+        return 1
+    json.dump({"inputs": inputs, "outputs": outputs}, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
