@@ -33,8 +33,11 @@ def from_specs(specs: list[dict]) -> list[GraphTensor]:
 
 
 def batchable(graph) -> bool:
+    """Every tensor has a variable first dimension and more after it (a tensor that is only the
+    batch dimension would need a reshape, which this server does not do: such a model is served
+    unbatched, its dims [-1])."""
     tensors = graph[0] + graph[1]
-    return bool(tensors) and all(t.shape and t.shape[0] == -1 for t in tensors)
+    return bool(tensors) and all(t.shape and len(t.shape) > 1 and t.shape[0] == -1 for t in tensors)
 
 
 def complete(config: mc.ModelConfig, graph) -> None:
@@ -57,7 +60,7 @@ def complete(config: mc.ModelConfig, graph) -> None:
             entry.name = t.name
             entry.data_type = t.data_type
             if t.shape is not None:
-                entry.dims.extend(t.shape[skip:] or [1])
+                entry.dims.extend(t.shape[skip:] or [1])  # a scalar: Triton's [1]
 
 
 def _fmt(dims) -> str:

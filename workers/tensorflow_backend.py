@@ -58,10 +58,15 @@ def _shape(shape) -> list[int] | None:
     return [-1 if d is None else int(d) for d in shape.as_list()]
 
 
+_NOISE = ("Graph execution error:", "Detected at node", "<stack traces", "File ", "[[{{node")
+
+
 def _first_line(e: Exception) -> str:
+    """The line of a TensorFlow error that says what went wrong (its messages start with where)."""
     text = getattr(e, "message", None) or str(e)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[0] if lines else type(e).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(_NOISE)]
+    line = lines[0] if lines else type(e).__name__
+    return line.split(" [Op:")[0]
 
 
 def _is_graphdef(config: dict) -> bool:
