@@ -240,12 +240,12 @@ def check_all(model_dir: str, auto_complete: bool = True, override: str | None =
         incomplete = not config.input or not config.output
         if inspect or (auto_complete and incomplete):
             try:
-                graph = framework_io(backend, model_file, config)
+                graph, max_batch = framework_io(backend, model_file, config)
             except ConfigProblem as e:
                 return problems + [e]
             what = describe_model(backend, platform)
             if auto_complete:
-                model_io.complete(config, graph)
+                model_io.complete(config, graph, max_batch)
             problems += model_io.check(config, graph, path, what, all_inputs=True)
         elif incomplete:
             problems.append(ConfigProblem(path, "input" if not config.input else "output",
@@ -308,9 +308,9 @@ def describe_model(backend: str, platform: str) -> str:
                                                              if backend == "tensorflow" else f"{backend} model")
 
 
-def framework_io(backend: str, model_file: str, config: mc.ModelConfig) -> tuple[list, list]:
+def framework_io(backend: str, model_file: str, config: mc.ModelConfig) -> tuple[tuple[list, list], int]:
     """The model's inputs and outputs as its framework reads them, in a short-lived process (the
-    frontend never imports a framework)."""
+    frontend never imports a framework), and the max_batch_size auto-complete gives it."""
     import subprocess
     import sys
 
@@ -328,7 +328,8 @@ def framework_io(backend: str, model_file: str, config: mc.ModelConfig) -> tuple
         lines = [ln for ln in result.stderr.strip().splitlines() if ln.strip()]
         raise ConfigProblem(model_file, "", lines[-1] if lines else f"cannot be read by the {backend} backend")
     doc = json.loads(result.stdout)
-    return model_io.from_specs(doc["inputs"]), model_io.from_specs(doc["outputs"])
+    graph = model_io.from_specs(doc["inputs"]), model_io.from_specs(doc["outputs"])
+    return graph, int(doc.get("max_batch_size", model_io.DEFAULT_MAX_BATCH_SIZE))
 
 
 def _check_tensors(kind: str, tensors, config: mc.ModelConfig, path: str) -> list[ConfigProblem]:

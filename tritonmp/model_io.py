@@ -40,15 +40,16 @@ def batchable(graph) -> bool:
     return bool(tensors) and all(t.shape and len(t.shape) > 1 and t.shape[0] == -1 for t in tensors)
 
 
-def complete(config: mc.ModelConfig, graph) -> None:
+def complete(config: mc.ModelConfig, graph, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> None:
     """Fill missing inputs, outputs and max_batch_size from the model's tensors, as Triton's
     framework backends do: a model whose every tensor has a variable first dimension batches, with
-    max_batch_size 4 and (unless it is a sequence model) dynamic batching."""
+    max_batch_size 4 (or the largest batch the model itself allows, as a TensorRT engine's profiles
+    say) and, unless it is a sequence model, dynamic batching."""
     inputs, outputs = graph
     if config.input and config.output:
         return
-    if config.max_batch_size == 0 and batchable(graph):
-        config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+    if config.max_batch_size == 0 and batchable(graph) and max_batch_size > 0:
+        config.max_batch_size = max_batch_size
         if not config.HasField("dynamic_batching") and not config.HasField("sequence_batching"):
             config.dynamic_batching.SetInParent()
     skip = 1 if config.max_batch_size > 0 else 0

@@ -26,6 +26,9 @@ class WorkRequest:
     # outputs the client wants in its system shared memory: name -> the writable window there, so a
     # backend that can write its output in place saves a copy
     output_buffers: dict = field(default_factory=dict)
+    # outputs the client wants in its CUDA shared memory, for backends that compute on the GPU
+    # (writes_device_outputs): name -> (device address, bytes there)
+    device_outputs: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from collections import OrderedDict
 
 IPC_HANDLE_SIZE = 64
 _IPC_LAZY_ENABLE_PEER_ACCESS = 1
-_H2D, _D2H = 1, 2
+_H2D, _D2H, _DEFAULT = 1, 2, 4
 MAX_HANDLES = 32
 
 
@@ -61,6 +61,13 @@ class CudaRuntime:
         lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         lib.cudaSetDevice.argtypes = [ctypes.c_int]
         lib.cudaGetErrorString.restype = ctypes.c_char_p
+        lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+        lib.cudaFree.argtypes = [ctypes.c_void_p]
+        lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                        ctypes.c_void_p]
+        lib.cudaStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+        lib.cudaStreamDestroy.argtypes = [ctypes.c_void_p]
         self.check(lib.cudaSetDevice(0), "cudaSetDevice")  # the one GPU CUDA_VISIBLE_DEVICES leaves us
 
     def check(self, code: int, what: str) -> None:
@@ -95,6 +102,39 @@ class CudaRuntime:
                    "cudaMemcpy (host to device)")
 
 
+    # device memory and streams, for backends that run on the GPU themselves (TensorRT)
+    def malloc(self, nbytes: int) -> int:
+        ptr = ctypes.c_void_p()
+        self.check(self.lib.cudaMalloc(ctypes.byref(ptr), max(nbytes, 1)), f"cudaMalloc of {nbytes} bytes")
+        return ptr.value or 0
+
+    def free(self, ptr: int) -> None:
+        self.lib.cudaFree(ctypes.c_void_p(ptr))
+
+    def stream(self) -> int:
+        handle = ctypes.c_void_p()
+        self.check(self.lib.cudaStreamCreate(ctypes.byref(handle)), "cudaStreamCreate")
+        return handle.value or 0
+
+    def synchronize(self, stream: int) -> None:
+        self.check(self.lib.cudaStreamSynchronize(ctypes.c_void_p(stream)), "cudaStreamSynchronize")
+
+    def destroy_stream(self, stream: int) -> None:
+        self.lib.cudaStreamDestroy(ctypes.c_void_p(stream))
+
+    def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        """Copy between any two addresses (host or device: CUDA tells them apart) on `stream`."""
+        if nbytes:
+            self.check(self.lib.cudaMemcpyAsync(ctypes.c_void_p(dst), ctypes.c_void_p(src), nbytes, _DEFAULT,
+                                                ctypes.c_void_p(stream)), "cudaMemcpyAsync")
+
+
+def address(buffer) -> int:
+    """The address of a writable buffer (a numpy array, a memoryview of shared memory)."""
+    view = memoryview(buffer).cast("B")
+    return ctypes.addressof((ctypes.c_char * view.nbytes).from_buffer(view)) if view.nbytes else 0
+
+
 class CudaRegions:
     """Opened client CUDA regions, by registration; opened once, closed when evicted."""
 
@@ -120,6 +160,11 @@ class CudaRegions:
                 _, old = self.opened.popitem(last=False)
                 self.runtime.close(old)
         return ptr
+
+    def device_pointer(self, raw_handle: bytes, region_id: int, device_id: int, offset: int) -> int:
+        """The device address `offset` bytes into a client's CUDA region, for backends that write
+        their outputs there from the GPU."""
+        return self.pointer(raw_handle, region_id, device_id) + offset
 
     def read(self, raw_handle: bytes, region_id: int, device_id: int, offset: int, nbytes: int) -> bytearray:
         ptr = self.pointer(raw_handle, region_id, device_id)

@@ -4,7 +4,8 @@
     python -m tritonmp.workers.introspect BACKEND MODEL_FILE   (the config as JSON on stdin)
 
 Prints {"inputs": [...], "outputs": [...]} (each {"name", "datatype", "shape"}, shape null where
-the rank is unknown) on stdout, or the reason on stderr's last line with exit code 1.
+the rank is unknown), and "max_batch_size" where the model itself bounds its batch (a TensorRT
+engine's profiles), on stdout; or the reason on stderr's last line with exit code 1.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 from .backend import BackendError
 
 
-def describe(backend: str, path: str, config: dict) -> tuple[list[dict], list[dict]]:
+def describe(backend: str, path: str, config: dict) -> tuple:
     if backend == "openvino":
         from .openvino_backend import describe as read
     elif backend == "tensorflow":
@@ -31,7 +32,7 @@ def main() -> int:
     backend, path = sys.argv[1], sys.argv[2]
     config = json.loads(sys.stdin.read())
     try:
-        inputs, outputs = describe(backend, path, config)
+        described = describe(backend, path, config)
     except BackendError as e:
         print(str(e), file=sys.stderr)
         return 1
@@ -39,7 +40,10 @@ def main() -> int:
         print(f"the {backend} backend cannot read the model: {type(e).__name__}: {e}".replace("\n", " "),
               file=sys.stderr)
         return 1
-    json.dump({"inputs": inputs, "outputs": outputs}, sys.stdout)
+    doc = {"inputs": described[0], "outputs": described[1]}
+    if len(described) > 2:
+        doc["max_batch_size"] = described[2]
+    json.dump(doc, sys.stdout)
     return 0
 
 

@@ -223,11 +223,20 @@ class Worker:
         except ValueError as e:  # a client region that cannot be mapped, malformed BYTES
             self.send(transport.RESULT, transport.Result(header.batch_id, [], error=str(e)))
             return
-        for request, r in zip(requests, header.requests):
-            for dest in r.shm_outputs:
-                if dest.shm_key:
-                    view = self.client_regions.view(dest.shm_key, dest.shm_id)
-                    request.output_buffers[dest.name] = view[dest.offset:dest.offset + dest.nbytes]
+        on_device = getattr(self.backend, "writes_device_outputs", False)
+        try:
+            for request, r in zip(requests, header.requests):
+                for dest in r.shm_outputs:
+                    if dest.shm_key:
+                        view = self.client_regions.view(dest.shm_key, dest.shm_id)
+                        request.output_buffers[dest.name] = view[dest.offset:dest.offset + dest.nbytes]
+                    elif dest.cuda_handle and on_device:
+                        ptr = self.cuda_regions.device_pointer(dest.cuda_handle, dest.shm_id, dest.cuda_device,
+                                                               dest.offset)
+                        request.device_outputs[dest.name] = (ptr, dest.nbytes)
+        except ValueError as e:  # a client region that cannot be mapped or opened
+            self.send(transport.RESULT, transport.Result(header.batch_id, [], error=str(e)))
+            return
         if getattr(self.backend, "decoupled", False):
             for index, request in enumerate(requests):
                 request.sender = self.stream_sender(header.batch_id, index)

@@ -1,4 +1,7 @@
-"""The ONNX Runtime backend: one InferenceSession, CPU or CUDA provider, a merged batch per run."""
+"""The ONNX Runtime backend: one InferenceSession, a merged batch per run. Providers: CPU; CUDA
+for KIND_GPU instances; and Triton's execution accelerators, onnxruntime's TensorRT provider
+(`gpu_execution_accelerator: [{ name: "tensorrt" }]`) and its OpenVINO provider
+(`cpu_execution_accelerator: [{ name: "openvino" }]`)."""
 
 from __future__ import annotations
 
@@ -48,6 +51,70 @@ def session_config_entries(config: dict) -> dict[str, str]:
     return entries
 
 
+# Triton's execution accelerator names -> (onnxruntime provider, the package that provides it)
+GPU_ACCELERATORS = {"tensorrt": ("TensorrtExecutionProvider", "onnxruntime-gpu (with TensorRT's libraries)"),
+                    "cuda": ("CUDAExecutionProvider", "onnxruntime-gpu: pip install 'tritonmp[gpu]'")}
+CPU_ACCELERATORS = {"openvino": ("OpenVINOExecutionProvider", "onnxruntime-openvino")}
+# Triton's TensorRT accelerator parameters that onnxruntime names otherwise
+_TRT_RENAMED = {"max_workspace_size_bytes": "trt_max_workspace_size", "max_cached_engines": None}
+
+
+def _tensorrt_options(params: dict) -> dict:
+    options = {"device_id": 0}
+    for key, value in params.items():
+        if key == "precision_mode":
+            mode = value.upper()
+            if mode not in ("FP32", "FP16", "INT8"):
+                raise BackendError(f"unsupported precision mode '{value}' for the tensorrt accelerator; "
+                                   "use FP32, FP16 or INT8")
+            if mode == "FP16":
+                options["trt_fp16_enable"] = True
+            elif mode == "INT8":
+                options["trt_fp16_enable"] = options["trt_int8_enable"] = True
+        elif key in _TRT_RENAMED:
+            if _TRT_RENAMED[key]:
+                options[_TRT_RENAMED[key]] = value
+        elif key.startswith("trt_"):
+            options[key] = value
+        else:
+            raise BackendError(f"unknown parameter '{key}' of the tensorrt accelerator")
+    return options
+
+
+def execution_providers(config: dict, kind: str, available: list[str]) -> list:
+    """onnxruntime providers for an instance of `kind`, from the model's execution accelerators
+    (Triton's `optimization { execution_accelerators { ... } }`): GPU accelerators for KIND_GPU
+    instances, CPU accelerators for KIND_CPU ones, CUDA then CPU otherwise. A provider this
+    onnxruntime lacks fails the load, naming the package that has it: never a quiet fallback."""
+    accelerators = config.get("optimization", {}).get("execution_accelerators", {})
+    chosen = []
+    key, table = ("gpu_execution_accelerator", GPU_ACCELERATORS) if kind == "GPU" else \
+        ("cpu_execution_accelerator", CPU_ACCELERATORS)
+    for accelerator in accelerators.get(key, []):
+        name = accelerator.get("name", "")
+        if name not in table:
+            raise BackendError(f"unknown {key.split('_')[0].upper()} execution accelerator '{name}' for "
+                               f"onnxruntime (known: {', '.join(table)})")
+        provider, package = table[name]
+        if provider not in available:
+            raise BackendError(f"execution accelerator '{name}' needs onnxruntime's {provider}, which this "
+                               f"onnxruntime build lacks; it comes with {package}")
+        params = dict(accelerator.get("parameters", {}))
+        if name == "tensorrt":
+            chosen.append((provider, _tensorrt_options(params)))
+        elif name == "cuda":
+            chosen.append((provider, {"device_id": 0, **params}))
+        else:
+            chosen.append((provider, params))
+    if kind == "GPU" and not any(p[0] == "CUDAExecutionProvider" for p in chosen):
+        if "CUDAExecutionProvider" not in available:
+            raise BackendError("instance kind KIND_GPU needs onnxruntime's CUDAExecutionProvider, which this "
+                               "onnxruntime build lacks; install tritonmp[gpu] (onnxruntime-gpu)")
+        # CUDA_VISIBLE_DEVICES holds only this instance's GPU, so it is device 0 here.
+        chosen.append(("CUDAExecutionProvider", {"device_id": 0}))
+    return chosen + ["CPUExecutionProvider"]
+
+
 class OnnxRuntimeBackend:
     def __init__(self, spec: WorkerSpec, config: dict):
         import onnxruntime as ort
@@ -63,15 +130,16 @@ class OnnxRuntimeBackend:
         entries = session_config_entries(config)
         for key, value in entries.items():
             options.add_session_config_entry(key, value)
-        providers = ["CPUExecutionProvider"]
-        if spec.kind == "GPU":
-            if "CUDAExecutionProvider" not in ort.get_available_providers():
-                raise BackendError(
-                    "instance kind KIND_GPU needs onnxruntime's CUDAExecutionProvider, which this "
-                    "onnxruntime build lacks; install tritonmp[gpu] (onnxruntime-gpu)")
-            # CUDA_VISIBLE_DEVICES holds only this instance's GPU, so it is device 0 here.
-            providers = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
-        self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
+        providers = execution_providers(config, spec.kind, ort.get_available_providers())
+        try:
+            self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
+        except Exception as e:  # onnxruntime raises its own exception types
+            raise BackendError(f"onnxruntime cannot create the session: {e}") from None
+        chosen = [p if isinstance(p, str) else p[0] for p in providers]
+        missing = [p for p in chosen if p not in self.session.get_providers()]
+        if missing:  # onnxruntime falls back quietly when a provider fails to start: we do not
+            raise BackendError(f"onnxruntime could not start {', '.join(missing)} for this model (it would have "
+                               "fallen back to the CPU); see the log above for onnxruntime's reason")
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.output_meta = {o.name: o for o in self.session.get_outputs()}
         self.detail = ("onnxruntime providers: " + ", ".join(self.session.get_providers())
