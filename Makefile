@@ -1,12 +1,13 @@
 # make serve: set up .venv, build the example repository, start the server on it.
-# make test:  the same set-up, then the whole test suite.
+# make test:  the same set-up, the CPU frameworks' extras (OpenVINO, TensorFlow, PyTorch), then the
+#             whole test suite.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 REPO := configs/model_repository
 ARGS ?=
 
-.PHONY: install example-repo serve test test-compat test-torch lint bench clean
+.PHONY: install frameworks example-repo serve test test-compat lint bench clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +19,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/activate
 
 install: $(VENV)/.installed
 
+# The optional frameworks that run on a CPU, installed into the venv once, so that the tests of
+# their backends run (without them those tests skip). `make serve` does not need them.
+$(VENV)/.frameworks: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,openvino,tensorflow,torch]'
+	touch $@
+
+frameworks: $(VENV)/.frameworks
+
 $(REPO)/add/1/model.onnx: scripts/make_example_repo.py $(VENV)/.installed
 	$(BIN)/python scripts/make_example_repo.py $(REPO)
 
@@ -26,7 +35,7 @@ example-repo: $(REPO)/add/1/model.onnx
 serve: example-repo
 	$(BIN)/tritonmp --model-repository $(REPO) --workers auto $(ARGS)
 
-test: example-repo
+test: example-repo frameworks
 	$(BIN)/python -m pytest -q -m "not compat" $(ARGS)
 
 # Installs the reference Triton server (../shared/anchors/setup.sh) when it is missing, then compares.
@@ -34,11 +43,6 @@ ANCHORS ?= $(HOME)/.cache/tritonmp-anchors
 test-compat: example-repo
 	@[ -x $(ANCHORS)/bin/tritonserver-ref ] || bash ../shared/anchors/setup.sh $(ANCHORS)
 	TRITONMP_ANCHORS=$(ANCHORS) $(BIN)/python -m pytest -q -m compat $(ARGS)
-
-# The PyTorch backend's tests need torch, an optional extra kept out of the base install.
-test-torch: example-repo
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,torch]'
-	$(BIN)/python -m pytest -q tests/test_pytorch.py $(ARGS)
 
 lint: install
 	$(BIN)/ruff check tritonmp workers tests scripts

@@ -3,8 +3,9 @@
 #
 #   scripts/gpu-check.sh [pytest args]
 #
-# Builds .venv-gpu with the gpu extra (onnxruntime-gpu in place of onnxruntime, nvidia-ml-py,
-# cuda-python), builds the example repository, and runs the tests marked `gpu`. Where a wheel
+# Builds .venv-gpu with the gpu and tensorrt extras (onnxruntime-gpu in place of onnxruntime,
+# nvidia-ml-py, cuda-python, tensorrt), builds the example repository, and runs the tests marked
+# `gpu`: CUDA shared memory, KIND_GPU placement, the TensorRT backend, onnxruntime's TensorRT provider. Where a wheel
 # directory .whl/ exists (a machine without a package index), it installs from there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,12 +18,13 @@ venv=.venv-gpu
 pipargs=(-q)
 [ -d .whl ] && pipargs+=(--no-index --find-links .whl)
 [ -x $venv/bin/python ] || $PYTHON -m venv $venv
-$venv/bin/python -m pip install "${pipargs[@]}" -e '.[test,gpu]'
+$venv/bin/python -m pip install "${pipargs[@]}" -e '.[test,gpu,tensorrt]'
 # onnxruntime and onnxruntime-gpu install the same module: keep only the GPU build.
 if $venv/bin/python -m pip show onnxruntime >/dev/null 2>&1; then
   $venv/bin/python -m pip uninstall -q -y onnxruntime
   $venv/bin/python -m pip install "${pipargs[@]}" --force-reinstall --no-deps onnxruntime-gpu
 fi
 $venv/bin/python -c 'import onnxruntime as o; print("onnxruntime providers:", o.get_available_providers())'
+$venv/bin/python -c 'import tensorrt as t; print("tensorrt", t.__version__)'
 $venv/bin/python scripts/make_example_repo.py configs/model_repository
 exec $venv/bin/python -m pytest -q -m gpu -rs "$@"
