@@ -1,7 +1,8 @@
 """DESIGN.md's performance targets that need no reference server, measured on this machine:
 
-1. ONNX: the server's overhead per request over a bare in-process onnxruntime call, concurrency 1
-   (HTTP and gRPC, median latency minus the bare call's median).
+1. ONNX, OpenVINO and TensorFlow: the server's overhead per request over a bare in-process call
+   of the same framework on the same add model, concurrency 1 (HTTP and gRPC, median latency minus
+   the bare call's median). OpenVINO and TensorFlow are skipped where they are not installed.
 2. 64 MiB tensors through client system shared memory (input and output in client regions, an
    ONNX identity model) against a bare 64 MiB memcpy.
 3. Cold start of a repository of 20 small ONNX models to ready.
@@ -76,31 +77,76 @@ def median_us(fn, n: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def onnx_overhead(repo: str) -> None:
-    import onnxruntime as ort
+def overhead(label: str, repo: str, model: str, bare: float) -> None:
+    """Median latency of the add model `model` at concurrency 1 on both protocols, against `bare`
+    (the median of the same framework's own in-process call, in microseconds)."""
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
     a = np.ones((1, 3), np.float32)
-    session = ort.InferenceSession(os.path.join(repo, "add", "1", "model.onnx"), providers=["CPUExecutionProvider"])
-    bare = median_us(lambda: session.run(["C"], {"A": a, "B": a}), 3000)
     server = Server(repo)
     try:
-        results = {}
         for name, module, url in (("http", httpclient, f"127.0.0.1:{server.http}"),
                                   ("grpc", grpcclient, f"127.0.0.1:{server.grpc}")):
             client = module.InferenceServerClient(url)
             inputs = [module.InferInput("A", [1, 3], "FP32"), module.InferInput("B", [1, 3], "FP32")]
             for i in inputs:
                 i.set_data_from_numpy(a)
-            results[name] = median_us(lambda c=client, i=inputs: c.infer("add", i), 2000)
+            took = median_us(lambda c=client, i=inputs: c.infer(model, i), 2000)
             live = median_us(lambda c=client: c.is_server_live(), 2000)
-            print(f"onnx add, {name}, concurrency 1: median {results[name]:.0f} us per request; the client's "
-                  f"round trip to a trivial health call is {live:.0f} us; bare onnxruntime {bare:.1f} us")
-            print(f"  server overhead over bare onnxruntime: {results[name] - bare:.0f} us end to end, "
-                  f"{results[name] - live - bare:.0f} us beyond the protocol's own round trip (target < 150 us)")
+            print(f"{label} add, {name}, concurrency 1: median {took:.0f} us per request; the client's "
+                  f"round trip to a trivial health call is {live:.0f} us; bare {label} call {bare:.1f} us")
+            print(f"  server overhead over the bare call: {took - bare:.0f} us end to end, "
+                  f"{took - live - bare:.0f} us beyond the protocol's own round trip (target < 150 us)")
     finally:
         server.stop()
+
+
+def onnx_overhead(repo: str) -> None:
+    import onnxruntime as ort
+
+    a = np.ones((1, 3), np.float32)
+    session = ort.InferenceSession(os.path.join(repo, "add", "1", "model.onnx"), providers=["CPUExecutionProvider"])
+    overhead("onnxruntime", repo, "add", median_us(lambda: session.run(["C"], {"A": a, "B": a}), 3000))
+
+
+def openvino_overhead(tmp: str) -> None:
+    try:
+        import openvino as ov
+    except ImportError:
+        print("openvino add: skipped, openvino is not installed (pip install 'tritonmp[openvino]')")
+        return
+    repo = os.path.join(tmp, "ov")
+    write(binary_op_model("Add"), os.path.join(tmp, "add.onnx"))
+    os.makedirs(os.path.join(repo, "add_ov", "1"))
+    ov.save_model(ov.convert_model(os.path.join(tmp, "add.onnx")), os.path.join(repo, "add_ov", "1", "model.xml"))
+    request = ov.Core().compile_model(os.path.join(repo, "add_ov", "1", "model.xml"), "CPU").create_infer_request()
+    a = np.ones((1, 3), np.float32)
+    bare = median_us(lambda: request.infer({"A": a, "B": a}, share_inputs=True, share_outputs=True), 3000)
+    overhead("openvino", repo, "add_ov", bare)
+
+
+def tensorflow_overhead(tmp: str) -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        import tensorflow as tf
+    except ImportError:
+        print("tensorflow add: skipped, tensorflow is not installed (pip install 'tritonmp[tensorflow]')")
+        return
+
+    class Add(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)] * 2)
+        def serve(self, A, B):  # noqa: N803 - the signature's keys are the argument names
+            return {"C": A + B}
+
+    repo = os.path.join(tmp, "tf")
+    module = Add()
+    path = os.path.join(repo, "add_tf", "1", "model.savedmodel")
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    fn = tf.saved_model.load(path).signatures["serving_default"]
+    a = np.ones((1, 3), np.float32)
+    bare = median_us(lambda: fn(A=tf.constant(a), B=tf.constant(a))["C"].numpy(), 3000)
+    overhead("tensorflow", repo, "add_tf", bare)
 
 
 def shm_64mib(tmp: str) -> None:
@@ -163,6 +209,8 @@ def main() -> None:
         repo = os.path.join(tmp, "example")
         write(binary_op_model("Add"), os.path.join(repo, "add", "1", "model.onnx"))
         onnx_overhead(repo)
+        openvino_overhead(tmp)
+        tensorflow_overhead(tmp)
         shm_64mib(tmp)
         cold_start(tmp)
     finally:

@@ -1,6 +1,8 @@
 """The PyTorch backend with a TorchScript model made here (skipped where torch is not installed:
 `make test-torch` installs it)."""
 
+import warnings
+
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -17,7 +19,9 @@ class AddSub(torch.nn.Module):
 def repo(tmp_path):
     model = tmp_path / "repo" / "addsub"
     (model / "1").mkdir(parents=True)
-    torch.jit.script(AddSub()).save(str(model / "1" / "model.pt"))
+    with warnings.catch_warnings():  # TorchScript is what Triton's libtorch backend serves, deprecated or not
+        warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", DeprecationWarning)
+        torch.jit.script(AddSub()).save(str(model / "1" / "model.pt"))
     (model / "config.pbtxt").write_text(
         'platform: "pytorch_libtorch"\nmax_batch_size: 8\ndynamic_batching { }\n'
         'input [ { name: "INPUT__1", data_type: TYPE_FP32, dims: [ 3 ] }, '
