@@ -8,6 +8,7 @@ the environment. It speaks only the transport protocol: no HTTP, JSON or protobu
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import signal
@@ -44,32 +45,22 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(3)
 
 
+# backend name -> (module of this package, class), imported only by the worker that runs it
+BACKENDS = {
+    "onnxruntime": ("onnxruntime_backend", "OnnxRuntimeBackend"),
+    "python": ("python_backend", "PythonBackend"),
+    "pytorch": ("pytorch_backend", "PyTorchBackend"),
+    "openvino": ("openvino_backend", "OpenVinoBackend"),
+    "tensorflow": ("tensorflow_backend", "TensorFlowBackend"),
+    "tensorrt": ("tensorrt_backend", "TensorRTBackend"),
+}
+
+
 def load_backend(spec: transport.WorkerSpec, config: dict):
-    if spec.backend == "onnxruntime":
-        from .onnxruntime_backend import OnnxRuntimeBackend
-
-        return OnnxRuntimeBackend(spec, config)
-    if spec.backend == "python":
-        from .python_backend import PythonBackend
-
-        return PythonBackend(spec, config)
-    if spec.backend == "pytorch":
-        from .pytorch_backend import PyTorchBackend
-
-        return PyTorchBackend(spec, config)
-    if spec.backend == "openvino":
-        from .openvino_backend import OpenVinoBackend
-
-        return OpenVinoBackend(spec, config)
-    if spec.backend == "tensorflow":
-        from .tensorflow_backend import TensorFlowBackend
-
-        return TensorFlowBackend(spec, config)
-    if spec.backend == "tensorrt":
-        from .tensorrt_backend import TensorRTBackend
-
-        return TensorRTBackend(spec, config)
-    raise BackendError(f"backend '{spec.backend}' is not available in this server")
+    if spec.backend not in BACKENDS:
+        raise BackendError(f"backend '{spec.backend}' is not available in this server")
+    module, cls = BACKENDS[spec.backend]
+    return getattr(importlib.import_module(f".{module}", __package__), cls)(spec, config)
 
 
 class Worker:

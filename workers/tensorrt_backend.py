@@ -162,7 +162,7 @@ class TensorRTBackend:
 
     def execute(self, requests: list[WorkRequest]) -> list[WorkResponse]:
         (request,) = requests  # the frontend merges a batch into one request for this backend
-        trt, context, cuda = self.trt, self.context, self.cuda
+        context, cuda = self.context, self.cuda
         given = {t.name: t for t in request.inputs}
         arrays = {}
         for name in self.inputs:
@@ -178,7 +178,7 @@ class TensorRTBackend:
                 context.set_optimization_profile_async(profile, self.stream)
                 self.profile = profile
         for name, array in arrays.items():
-            if not context.set_input_shape(name, trt.Dims(array.shape)):
+            if not context.set_input_shape(name, array.shape):
                 raise BackendError(f"TensorRT refuses shape {list(array.shape)} for input '{name}': "
                                    + "; ".join(self.logger.errors[-1:]))
             ptr = self.buffers[name].hold(array.nbytes)
