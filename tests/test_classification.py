@@ -36,3 +36,45 @@ def test_classification_needs_a_numeric_output(server):
     status, _, raw = server.post("/v2/models/identity/infer", body)
     assert status == 400
     assert "classification needs a numeric output; 'OUT_BYTES' is BYTES" in orjson.loads(raw)["error"]
+
+
+def test_integer_values_are_written_as_integers(server):
+    body = orjson.dumps({"inputs": [{"name": f"IN_{dt}", "shape": [1], "datatype": dt, "data": [16]}
+                                    for dt in ("INT32", "UINT8", "FP32")] +
+                        [{"name": "IN_BYTES", "shape": [1], "datatype": "BYTES", "data": ["x"]}] +
+                        [{"name": f"IN_{dt}", "shape": [1], "datatype": dt, "data": [1]}
+                         for dt in ("BOOL", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT64", "FP16", "FP64",
+                                    "BF16")],
+                        "outputs": [{"name": f"OUT_{dt}", "parameters": {"classification": 1}}
+                                    for dt in ("INT32", "UINT8", "FP32")]})
+    status, _, raw = server.post("/v2/models/identity/infer", body)
+    assert status == 200, raw
+    got = {o["name"]: o["data"] for o in orjson.loads(raw)["outputs"]}
+    assert got == {"OUT_INT32": ["16:0"], "OUT_UINT8": ["16:0"], "OUT_FP32": ["16.000000:0"]}
+
+
+ENSEMBLE = '''
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "SCORES", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "TOP", data_type: TYPE_FP32, dims: [ 4 ], label_filename: "ensemble_labels.txt" } ]
+ensemble_scheduling { step [ { model_name: "scores", model_version: -1,
+  input_map { key: "X" value: "SCORES" } output_map { key: "Y" value: "TOP" } } ] }
+'''
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_an_ensembles_output_takes_the_ensembles_labels(start_server, test_repo, tmp_path, module):
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(test_repo / "scores", repo / "scores")
+    (repo / "labelled" / "1").mkdir(parents=True)
+    (repo / "labelled" / "config.pbtxt").write_text(ENSEMBLE)
+    (repo / "labelled" / "ensemble_labels.txt").write_text("CAT0\nCAT1\nCAT2\nCAT3\n")
+    server = start_server([repo])
+    client = module.InferenceServerClient(server.url if module is httpclient else server.grpc_url)
+    x = module.InferInput("SCORES", list(SCORES.shape), "FP32")
+    x.set_data_from_numpy(SCORES)
+    result = client.infer("labelled", [x], outputs=[module.InferRequestedOutput("TOP", class_count=1)])
+    assert result.as_numpy("TOP").tolist() == [[b"0.900000:1:CAT1"], [b"4.000000:0:CAT0"]]

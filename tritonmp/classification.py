@@ -42,11 +42,12 @@ def classify(t: Tensor, k: int, batched: bool, labels: list[str] | None) -> Tens
         values = values.astype(np.float32)
     rows = values.reshape(t.shape[0] if batched and t.shape else 1, -1)
     k = min(k, rows.shape[1])
+    integral = values.dtype.kind in "iu"  # Triton writes integer values as integers, floats with %f
     out = []
     for row in rows:
         order = np.argsort(-row.astype(np.float64), kind="stable")[:k]
         for i in order:
-            text = f"{float(row[i]):f}:{int(i)}"
+            text = f"{int(row[i])}:{int(i)}" if integral else f"{float(row[i]):f}:{int(i)}"
             if labels is not None and i < len(labels):
                 text += f":{labels[i]}"
             out.append(text.encode())

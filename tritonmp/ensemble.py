@@ -12,6 +12,7 @@ from collections import deque
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import config as cfg
+from .classification import read_labels
 from .core import InferRequest, InferResponse, RequestedOutput, Tensor
 from .errors import ServerError, Status, unsupported
 from .stats import ModelStats
@@ -90,7 +91,7 @@ class EnsembleVersion:
                        for t in c.input}
         self.outputs = {t.name: cfg.tensor_datatype(t) for t in c.output}
         self.config_json = cfg.to_json(c)
-        self.labels: dict[str, list[str]] = {}
+        self.labels = read_labels(completed.model_dir, c)  # classifying its outputs uses its own labels
         self.pool = EnsembleSteps(name, version, c.ensemble_scheduling.step)
         self.scheduler = EnsembleScheduler(self)
         self.manager = None  # set by the model manager, to find and load composing models
