@@ -2,6 +2,7 @@
 (tritonserver-ref from ../shared/anchors/setup.sh), comparing status codes, error texts and the
 shapes of their answers. Run with `make test-compat`; skipped where the reference is missing."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -28,11 +29,11 @@ pytestmark = [pytest.mark.compat,
 
 
 class Reference:
-    def __init__(self, repo: Path, log_path: Path):
+    def __init__(self, repo: Path, log_path: Path, args: tuple[str, ...] = ("--load-model=*",)):
         self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         self.log_file = open(log_path, "wb")
         self.proc = subprocess.Popen(
-            [str(REFERENCE), "--model-repository", str(repo), "--model-control-mode=explicit", "--load-model=*",
+            [str(REFERENCE), "--model-repository", str(repo), "--model-control-mode=explicit", *args,
              "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
              "--metrics-port", str(self.metrics_port)],
             stdout=self.log_file, stderr=subprocess.STDOUT, start_new_session=True)
@@ -45,16 +46,12 @@ class Reference:
         return http_request(self.http_port, "POST", path, body)
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    """(tritonmp, reference) serving the same python-backend repository."""
-    repo = tmp_path_factory.mktemp("compat") / "repo"
-    shutil.copytree(EXAMPLE_REPO / "add_py", repo / "add_py")
-    shutil.copytree(TEST_MODELS / "batch_report", repo / "batch_report")
-    logs = tmp_path_factory.mktemp("compat-logs")
-    ours = ServerProcess([repo], ["--model-control-mode=explicit", "--load-model=*", "--allow-client-shm=true"],
+@contextlib.contextmanager
+def both_serving(repo: Path, logs: Path, args: tuple[str, ...] = ("--load-model=*",)):
+    """tritonmp and the reference, ready, on the same repository in explicit mode."""
+    ours = ServerProcess([repo], ["--model-control-mode=explicit", *args, "--allow-client-shm=true"],
                          logs / "tritonmp.log")
-    ref = Reference(repo, logs / "triton.log")
+    ref = Reference(repo, logs / "triton.log", args)
     try:
         ours.wait_ready()
         ours.wait_until(lambda: ref.get("/v2/health/ready")[0] == 200, timeout=120, what="the reference server")
@@ -69,6 +66,16 @@ def pair(tmp_path_factory):
             ref.proc.wait()
         ref.log_file.close()
         assert not shm_segments(ours.pid)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(tritonmp, reference) serving the same python-backend repository."""
+    repo = tmp_path_factory.mktemp("compat") / "repo"
+    shutil.copytree(EXAMPLE_REPO / "add_py", repo / "add_py")
+    shutil.copytree(TEST_MODELS / "batch_report", repo / "batch_report")
+    with both_serving(repo, tmp_path_factory.mktemp("compat-logs")) as servers:
+        yield servers
 
 
 def _shape(value):
@@ -225,3 +232,43 @@ def _families(port):
 def test_inference_metrics_have_tritons_names_help_and_labels(pair):
     ours, ref = pair
     assert _families(ours.metrics_port) == _families(ref.metrics_port)
+
+
+ENSEMBLE = '''
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X", data_type: TYPE_FP32, dims: [ 3 ] } ]
+output [ { name: "S", data_type: TYPE_FP32, dims: [ 3 ] } ]
+ensemble_scheduling { step [ { model_name: "add_py", model_version: -1, input_map { key: "A" value: "X" }
+  input_map { key: "B" value: "X" } output_map { key: "C" value: "S" } } ] }
+'''
+
+
+def test_unload_and_unload_dependents_match(tmp_path):
+    import tritonclient.http as httpclient
+
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE_REPO / "add_py", repo / "add_py")
+    (repo / "ens" / "1").mkdir(parents=True)
+    (repo / "ens" / "config.pbtxt").write_text(ENSEMBLE)
+    steps = [("load", "ens", False), ("unload", "ens", False), ("load", "ens", False), ("unload", "ens", True),
+             ("load", "ens", False), ("unload", "add_py", False)]
+    with both_serving(repo, tmp_path, ()) as servers:
+        seen = []
+        for server in servers:
+            client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
+            states = []
+            for action, model, dependents in steps:
+                if action == "load":
+                    client.load_model(model)
+                else:
+                    client.unload_model(model, unload_dependents=dependents)
+
+                def settled(c=client):
+                    index = c.get_model_repository_index()
+                    return None if any(m.get("state") in ("LOADING", "UNLOADING") for m in index) else index
+
+                servers[0].wait_until(settled, timeout=60, what="models to settle")
+                states.append(sorted((m["name"], m.get("state")) for m in settled()))
+            seen.append(states)
+        assert seen[0] == seen[1]

@@ -89,13 +89,24 @@ def test_step_errors_reach_the_client(start_server, repo):
         client.infer("pipeline", _inputs(httpclient, bad, bad))
 
 
-def test_explicit_load_of_an_ensemble_loads_its_models_and_unload_dependents(start_server, repo):
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_explicit_load_of_an_ensemble_loads_its_models_and_unload_dependents(start_server, repo, module):
     server = start_server([repo], "--model-control-mode=explicit")
-    client = httpclient.InferenceServerClient(server.url)
+    client = module.InferenceServerClient(server.url if module is httpclient else server.grpc_url)
+
+    def ready() -> set:
+        return {m for m in ("add", "scale", "pipeline") if client.is_model_ready(m)}
+
     client.load_model("pipeline")
-    assert client.is_model_ready("add") and client.is_model_ready("scale") and client.is_model_ready("pipeline")
-    client.unload_model("scale", unload_dependents=True)
-    assert not client.is_model_ready("pipeline") and client.is_model_ready("add")
+    assert ready() == {"add", "scale", "pipeline"}
+    client.unload_model("pipeline")  # its models stay
+    assert ready() == {"add", "scale"}
+    client.load_model("pipeline")
+    client.unload_model("pipeline", unload_dependents=True)  # its models go with it
+    assert ready() == set()
+    client.load_model("pipeline")
+    client.unload_model("scale")  # an ensemble cannot run without its models: it goes too
+    assert ready() == {"add"}
 
 
 def test_ensemble_config_problems(repo):

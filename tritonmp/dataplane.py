@@ -110,12 +110,24 @@ class Dataplane:
         await self.models.load(name, config, files or None)
 
     async def unload_model(self, name: str, parameters: dict) -> None:
-        """Unload `name`, and with `unload_dependents` the ensembles that use it."""
+        """Unload `name` as Triton does: with `unload_dependents`, an ensemble's composing models
+        (and theirs) go with it; and the loaded ensembles that run any model unloaded go too."""
         self._check_explicit()
-        dependents = self.models.dependents(name) if parameters.get("unload_dependents") else []
-        await self.models.unload(name)
-        for ensemble in dependents:
-            await self.models.unload(ensemble)
+        targets, pending = [], [name]
+        while pending:  # the ensemble and, with unload_dependents, what it runs
+            model = pending.pop()
+            if model not in targets:
+                targets.append(model)
+                if parameters.get("unload_dependents") is True:
+                    pending += self.models.composing(model)
+        pending = list(targets)
+        while pending:  # every loaded ensemble that runs one of them
+            for ensemble in self.models.dependents(pending.pop()):
+                if ensemble not in targets:
+                    targets.append(ensemble)
+                    pending.append(ensemble)
+        for model in targets:
+            await self.models.unload(model)
 
     def trace_settings(self, model: str = "") -> dict:
         if model:

@@ -274,6 +274,14 @@ class ModelManager:
         return [e.name for e in self.models.values()
                 if any(isinstance(mv, EnsembleVersion) and name in dict(mv.composing()) for mv in e.versions.values())]
 
+    def composing(self, name: str) -> list[str]:
+        """The models a loaded ensemble `name` runs (none for other models)."""
+        entry = self.models.get(name)
+        if entry is None:
+            return []
+        return sorted({step for mv in entry.versions.values() if isinstance(mv, EnsembleVersion)
+                       for step, _ in mv.composing()})
+
     async def load(self, name: str, config_override: str | None = None, files: dict[str, bytes] | None = None
                    ) -> None:
         """Load or reload a model. The new versions must all be READY before they replace the old
