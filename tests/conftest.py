@@ -245,3 +245,38 @@ def server(example_repo, test_repo, tmp_path_factory):
     """One server on the example and test repositories, shared by a module's tests."""
     with serving([example_repo, test_repo], [], tmp_path_factory) as s:
         yield s
+
+
+def stream_final_flags(grpc_url: str, add_model: str = "add_py", decoupled: str = "repeat") -> list[tuple]:
+    """Requests over one ModelStreamInfer stream to an add model and a decoupled model that answers N
+    with N responses, each with and without `triton_enable_empty_final_response`; per response, what a
+    stream consumer sees: (request id, model, output names, its triton_final_response flag)."""
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    def n(count):
+        x = grpcclient.InferInput("N", [1], "INT32")
+        x.set_data_from_numpy(np.array([count], np.int32))
+        return [x]
+
+    cases = [(add_model, add_inputs(grpcclient, np.ones((1, 3), np.float32)), False, 1),
+             (add_model, add_inputs(grpcclient, np.ones((1, 3), np.float32)), True, 1),
+             (decoupled, n(2), False, 2), (decoupled, n(2), True, 3), (decoupled, n(0), True, 1)]
+    client = grpcclient.InferenceServerClient(grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    seen = []
+    try:
+        for i, (model, inputs, empty_final, count) in enumerate(cases):
+            client.async_stream_infer(model, inputs, request_id=f"r{i}", enable_empty_final_response=empty_final)
+            for _ in range(count):
+                result, error = results.get(timeout=30)
+                assert error is None, error
+                response = result.get_response()
+                final = response.parameters["triton_final_response"].bool_param
+                seen.append((response.id, response.model_name, [o.name for o in response.outputs], final))
+    finally:
+        client.stop_stream()
+    return seen

@@ -74,6 +74,7 @@ def pair(tmp_path_factory):
     repo = tmp_path_factory.mktemp("compat") / "repo"
     shutil.copytree(EXAMPLE_REPO / "add_py", repo / "add_py")
     shutil.copytree(TEST_MODELS / "batch_report", repo / "batch_report")
+    shutil.copytree(TEST_MODELS / "repeat", repo / "repeat")
     with both_serving(repo, tmp_path_factory.mktemp("compat-logs")) as servers:
         yield servers
 
@@ -272,3 +273,10 @@ def test_unload_and_unload_dependents_match(tmp_path):
                 states.append(sorted((m["name"], m.get("state")) for m in settled()))
             seen.append(states)
         assert seen[0] == seen[1]
+
+
+def test_streamed_final_flags_and_empty_final_responses_match(pair):
+    from conftest import stream_final_flags
+
+    ours, ref = pair
+    assert stream_final_flags(ours.grpc_url) == stream_final_flags(ref.grpc_url)

@@ -75,3 +75,13 @@ def test_a_worker_dying_mid_stream_ends_the_stream_with_an_error(server):
     assert error0 is None and int(first.as_numpy("I")[0]) == 0
     assert "was killed by SIGKILL before sending its final response" in str(error1)
     assert error2 is None and int(after.as_numpy("I")[0]) == 0
+
+
+def test_streamed_responses_carry_the_final_flag_and_the_empty_final_response_on_request(server):
+    from conftest import stream_final_flags
+
+    assert stream_final_flags(server.grpc_url) == [
+        ("r0", "add_py", ["C"], True), ("r1", "add_py", ["C"], True),
+        ("r2", "repeat", ["I"], False), ("r2", "repeat", ["I"], False),
+        ("r3", "repeat", ["I"], False), ("r3", "repeat", ["I"], False), ("r3", "repeat", [], True),
+        ("r4", "repeat", [], True)]

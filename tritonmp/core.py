@@ -51,3 +51,5 @@ class InferResponse:
     id: str
     outputs: list[Tensor]
     parameters: dict = field(default_factory=dict)
+    final: bool = True  # the last response to its request (a decoupled model's may not be)
+    empty: bool = False  # only the final flag: a decoupled model closed its request with no more data

@@ -23,6 +23,8 @@ from .grpc_protocol import Code, GrpcServer, Method, RpcError, server_ssl_contex
 log = logging.getLogger("tritonmp.grpc")
 
 SERVICE = "inference.GRPCInferenceService"
+FINAL = "triton_final_response"  # on every streamed response: is it its request's last
+EMPTY_FINAL = "triton_enable_empty_final_response"  # a request's ask for the final flag alone, as a response
 CODE_OF = {
     Status.UNKNOWN: Code.UNKNOWN,
     Status.INTERNAL: Code.INTERNAL,
@@ -119,11 +121,15 @@ class InferenceService:
 
         async def one(msg):
             try:
-                async for item in self.dp.infer_stream(grpc_codec.decode_infer(msg)):
+                request = grpc_codec.decode_infer(msg)
+                send_empty = request.parameters.get(EMPTY_FINAL) is True
+                async for item in self.dp.infer_stream(request):
                     if isinstance(item, ServerError):  # one failed response; more may follow
                         await out.put(error(msg, item))
-                    else:
-                        await out.put(pb.ModelStreamInferResponse(infer_response=grpc_codec.encode_infer(item)))
+                    elif not item.empty or send_empty:
+                        response = grpc_codec.encode_infer(item)
+                        response.parameters[FINAL].bool_param = item.final  # as Triton marks every one
+                        await out.put(pb.ModelStreamInferResponse(infer_response=response))
             except Exception as e:
                 if not isinstance(e, ServerError):
                     log.exception("stream inference failed")

@@ -77,6 +77,13 @@ async def _send(send, status: int, body: bytes, headers=_JSON) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+async def _with_data(stream):
+    """A response stream without the final flag's empty responses (server-sent events carry data)."""
+    async for item in stream:
+        if isinstance(item, ServerError) or not item.empty:
+            yield item
+
+
 def _error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
@@ -159,7 +166,8 @@ class HttpApp:
         async for item in self.dp.infer_stream(request):
             if isinstance(item, ServerError):
                 raise item
-            responses.append(item)
+            if not item.empty:
+                responses.append(item)
         if len(responses) != 1:
             raise ServerError(f"generate expects one response from model '{model}', it sent {len(responses)}; "
                               "use generate_stream")
@@ -168,7 +176,7 @@ class HttpApp:
     async def generate_stream(self, receive, send, model: str, version: str | None) -> None:
         """Server-sent events, one `data:` line per response; an error ends the stream as an event."""
         request = self._generate_request(await _json_body(receive), model, version)
-        stream = self.dp.infer_stream(request)
+        stream = _with_data(self.dp.infer_stream(request))
         first = await anext(stream, None)  # errors before any response still get a status code
         if isinstance(first, ServerError):
             raise first
