@@ -170,6 +170,7 @@ def test_repository_index_is_identical(pair):
 
 def test_shared_memory_status_and_errors_match(pair):
     handle = shm.create_shared_memory_region("compat", "/tritonmp-compat-test", 64)
+    other = shm.create_shared_memory_region("compat-other", "/tritonmp-compat-other", 64)
     try:
         body = json.dumps({"key": "/tritonmp-compat-test", "offset": 0, "byte_size": 64}).encode()
         assert _both(pair, "POST", "/v2/systemsharedmemory/region/compat/register", body) == ((200, None), (200, None))
@@ -178,9 +179,17 @@ def test_shared_memory_status_and_errors_match(pair):
         ours, ref = _both(pair, "GET", "/v2/systemsharedmemory/status")
         assert ours == ref
         for bad in ({"key": "/tritonmp-no-such-key", "offset": 0, "byte_size": 8},
-                    {"key": "/tritonmp-compat-test", "offset": 0, "byte_size": 128}):
+                    {"key": "/tritonmp-compat-test", "offset": 0, "byte_size": 128},
+                    {"key": "/tritonmp-compat-test", "offset": 32, "byte_size": 64},
+                    {"key": "/tritonmp-compat-other", "offset": 0, "byte_size": 128},  # a key not registered yet
+                    {"key": "/tritonmp-compat-other", "offset": 32, "byte_size": 64}):
             ours, ref = _both(pair, "POST", "/v2/systemsharedmemory/region/bad/register", json.dumps(bad).encode())
-            assert ours == ref
+            assert ours == ref, bad
+        for args in (("/tritonmp-compat-other", 128, 0), ("/tritonmp-compat-other", 64, 32)):
+            assert _grpc_error(pair[0].grpc_url, lambda c, a=args: c.register_system_shared_memory(
+                "bad", a[0], a[1], offset=a[2])) == _grpc_error(pair[1].grpc_url, lambda c, a=args:
+                                                             c.register_system_shared_memory("bad", a[0], a[1],
+                                                                                             offset=a[2]))
         inputs = [{"name": n, "shape": [1, 3], "datatype": "FP32",
                    "parameters": {"shared_memory_region": "compat", "shared_memory_byte_size": 12,
                                   "shared_memory_offset": off}} for n, off in (("A", 0), ("B", 60))]
@@ -189,6 +198,7 @@ def test_shared_memory_status_and_errors_match(pair):
     finally:
         _both(pair, "POST", "/v2/systemsharedmemory/unregister")
         shm.destroy_shared_memory_region(handle)
+        shm.destroy_shared_memory_region(other)
 
 
 def _grpc_error(url, call):

@@ -105,8 +105,8 @@ def test_status_register_and_unregister(shm_server, regions):
 @pytest.mark.parametrize("body,status,message", [
     ({"key": "/tritonmp-test-no-such-key", "offset": 0, "byte_size": 8}, 500,
      "Unable to open shared memory region: '/tritonmp-test-no-such-key'"),
-    ({"key": "KEY", "offset": 0, "byte_size": 65}, 500, "Invalid shared memory region: 'KEY'"),
-    ({"key": "KEY", "offset": 60, "byte_size": 8}, 500, "Invalid shared memory region: 'KEY'"),
+    ({"key": "KEY", "offset": 0, "byte_size": 65}, 400, "failed to register shared memory region 'err': invalid args"),
+    ({"key": "KEY", "offset": 60, "byte_size": 8}, 400, "failed to register shared memory region 'err': invalid args"),
     ({"offset": 0, "byte_size": 8}, 400, "needs 'key'"),
 ])
 def test_registration_errors(shm_server, regions, body, status, message):
@@ -117,6 +117,23 @@ def test_registration_errors(shm_server, regions, body, status, message):
     assert got == status, raw
     assert message in orjson.loads(raw)["error"]
     assert shm_server.get("/v2/systemsharedmemory/region/err/status")[0] == 404
+
+
+def test_a_region_past_its_segment_is_invalid_on_both_protocols(shm_server, regions):
+    _, key = regions("past", 64)
+    g = grpcclient.InferenceServerClient(shm_server.grpc_url)
+    with pytest.raises(InferenceServerException) as e:
+        g.register_system_shared_memory("past", key, 64, offset=32)
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert e.value.message() == "failed to register shared memory region 'past': invalid args"
+    # with the key registered already, Triton checks against its mapping of it, and says so otherwise
+    g.register_system_shared_memory("whole", key, 64)
+    try:
+        got, _, raw = shm_server.post("/v2/systemsharedmemory/region/past/register",
+                                      orjson.dumps({"key": key, "offset": 32, "byte_size": 64}))
+        assert (got, orjson.loads(raw)["error"]) == (500, f"Invalid shared memory region: '{key}'")
+    finally:
+        g.unregister_system_shared_memory("whole")
 
 
 def _request(region_in, offset, size, out_region="o", out_size=12, out_offset=0):

@@ -75,7 +75,9 @@ class SharedMemoryRegistry:
         if not key or offset < 0 or byte_size <= 0:
             raise invalid(f"shared memory region '{name}' needs a key, an offset >= 0 and a byte_size > 0")
         if offset + byte_size > _segment_size(key):
-            raise ServerError(f"Invalid shared memory region: '{key}'", Status.INTERNAL)
+            if any(r.key == key for r in self.regions.values()):  # Triton checks against its mapping of the key
+                raise ServerError(f"Invalid shared memory region: '{key}'", Status.INTERNAL)
+            raise invalid(f"failed to register shared memory region '{name}': invalid args")
         self.regions[name] = Region(name, key, offset, byte_size, next(_ids))
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int,
