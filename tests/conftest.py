@@ -280,3 +280,32 @@ def stream_final_flags(grpc_url: str, add_model: str = "add_py", decoupled: str 
     finally:
         client.stop_stream()
     return seen
+
+
+def mixed_contents_errors(grpc_url: str, model: str = "add_py") -> list[tuple]:
+    """ModelInfer requests to an add model that set raw_input_contents and an input's typed contents
+    too (for the same input, for another, or an empty contents field): (status, message) of each."""
+    import grpc
+    import numpy as np
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as rpc
+
+    raw = np.ones(3, np.float32).tobytes()
+    answers = []
+    with grpc.insecure_channel(grpc_url) as channel:
+        stub = rpc.GRPCInferenceServiceStub(channel)
+        for variant in ("same input", "another input", "empty contents"):
+            request = pb.ModelInferRequest(model_name=model)
+            a = request.inputs.add(name="A", datatype="FP32", shape=[1, 3])
+            request.inputs.add(name="B", datatype="FP32", shape=[1, 3])
+            if variant == "empty contents":
+                a.contents.SetInParent()
+            else:
+                a.contents.fp32_contents.extend([1, 1, 1])
+            request.raw_input_contents.extend([raw] if variant == "another input" else [raw, raw])
+            try:
+                stub.ModelInfer(request, timeout=30)
+                answers.append(("OK", ""))
+            except grpc.RpcError as e:
+                answers.append((e.code().name, e.details()))
+    return answers

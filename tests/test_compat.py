@@ -290,3 +290,10 @@ def test_streamed_final_flags_and_empty_final_responses_match(pair):
 
     ours, ref = pair
     assert stream_final_flags(ours.grpc_url) == stream_final_flags(ref.grpc_url)
+
+
+def test_typed_contents_beside_raw_contents_match(pair):
+    from conftest import mixed_contents_errors
+
+    ours, ref = pair
+    assert mixed_contents_errors(ours.grpc_url) == mixed_contents_errors(ref.grpc_url)

@@ -139,3 +139,10 @@ def test_http_asyncio_client(server):
             await client.close()
 
     asyncio.run(main())
+
+
+def test_typed_contents_beside_raw_contents_are_refused_in_tritons_words(server):
+    from conftest import mixed_contents_errors
+
+    message = "contents field must not be specified when using raw_input_contents for 'A' for model 'add_py'"
+    assert mixed_contents_errors(server.grpc_url) == [("INVALID_ARGUMENT", message)] * 3

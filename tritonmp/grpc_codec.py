@@ -46,6 +46,11 @@ def decode_infer(msg: pb.ModelInferRequest) -> InferRequest:
     tensors = msg.inputs
     params_of = [parameters_dict(t.parameters) if t.parameters else {} for t in tensors]
     in_shm = ["shared_memory_region" in p for p in params_of]
+    if raw:
+        for t in tensors:
+            if t.HasField("contents"):  # Triton's words, which its example clients check for
+                raise invalid(f"contents field must not be specified when using raw_input_contents for '{t.name}' "
+                              f"for model '{msg.model_name}'")
     if raw and len(raw) != in_shm.count(False):
         raise invalid(f"expected {in_shm.count(False)} raw_input_contents, one per input not in shared memory, "
                       f"got {len(raw)}")
@@ -59,8 +64,6 @@ def decode_infer(msg: pb.ModelInferRequest) -> InferRequest:
         if shm:
             data = None  # the dataplane resolves the region
         elif raw:
-            if t.HasField("contents"):
-                raise invalid(f"input '{t.name}' has both typed contents and raw_input_contents")
             data = raw[next_raw]
             next_raw += 1
         else:
