@@ -297,3 +297,26 @@ def test_typed_contents_beside_raw_contents_match(pair):
 
     ours, ref = pair
     assert mixed_contents_errors(ours.grpc_url) == mixed_contents_errors(ref.grpc_url)
+
+
+def test_load_failures_and_decoupled_refusals_start_with_tritons_words(pair):
+    """Our messages may add a hint after Triton's text, never replace it."""
+    import tritonclient.http as httpclient
+
+    def n(module):
+        x = module.InferInput("N", [1], "INT32")
+        x.set_data_from_numpy(np.array([1], np.int32))
+        return [x]
+
+    calls = [(httpclient, lambda c: c.load_model("nope")), (grpcclient, lambda c: c.load_model("nope")),
+             (httpclient, lambda c: c.infer("repeat", n(httpclient))),
+             (grpcclient, lambda c: c.infer("repeat", n(grpcclient)))]
+    for module, call in calls:
+        answers = []
+        for server in pair:
+            url = f"127.0.0.1:{server.http_port if module is httpclient else server.grpc_port}"
+            with pytest.raises(InferenceServerException) as e:
+                call(module.InferenceServerClient(url))
+            answers.append((e.value.status(), e.value.message()))
+        (ours_status, ours), (ref_status, ref) = answers
+        assert ours_status == ref_status and ours.startswith(ref), (ours, ref)

@@ -139,12 +139,14 @@ class Dataplane:
             self.models.entry(model)
         return self.tracer.update(changes, model)
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(self, request: InferRequest, endpoint: str = "This call") -> InferResponse:
+        """One request, one response. `endpoint` names the caller in Triton's refusal of a decoupled
+        model ("HTTP end point", "ModelInfer RPC"), which clients match on."""
         start_ns = time.monotonic_ns()
         mv = self.models.get(request.model_name, request.model_version)
         if mv.pool.decoupled:
-            raise unsupported(f"model '{mv.name}' is decoupled (it may send any number of responses): use the "
-                              "gRPC ModelStreamInfer stream")
+            raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy; model "
+                              f"'{mv.name}' may send any number of responses: use the gRPC ModelStreamInfer stream")
         trace = self.tracer.sample(mv.name, mv.version)
         if trace is None:
             return await self._infer(mv, request)

@@ -283,7 +283,7 @@ class HttpApp:
         if content_encoding:
             body = http_codec.decompress(body, content_encoding)
         request, binary_default = http_codec.decode_infer(body, header_length, model, version)
-        response = await self.dp.infer(request)
+        response = await self.dp.infer(request, "HTTP end point")
         out, json_length = http_codec.encode_infer(response, request, binary_default)
         headers = [(b"content-type", b"application/octet-stream" if json_length is not None
                     else b"application/json")]

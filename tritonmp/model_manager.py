@@ -232,11 +232,22 @@ class ModelManager:
                            "model name")
         dirs = self.discover().get(name)
         if not dirs:
-            raise internal(f"failed to load '{name}', failed to poll from model repository: no directory "
-                           f"'{name}' in " + ", ".join(self.options.repositories))
+            raise internal(f"failed to load '{name}', failed to poll from model repository: no model directory "
+                           f"'{name}' in the model repositories")
         if len(dirs) > 1:
-            raise internal(f"failed to load '{name}': it appears in several repositories: {', '.join(dirs)}")
+            raise internal(f"failed to load '{name}', failed to poll from model repository: model '{name}' "
+                           f"appears in {len(dirs)} model repositories; keep one")
         return dirs[0]
+
+    def public(self, name: str, message: str, files_dir: str = "") -> str:
+        """A load failure as clients see it: Triton's `failed to load '<name>', ` first (clients
+        match on it), and no path of this server's file system (paths inside a repository are
+        given from the repository, an uploaded model's from its own directory)."""
+        for root in sorted([*self.options.repositories, files_dir], key=len, reverse=True):
+            if root:
+                message = message.replace(os.path.abspath(root).rstrip(os.sep) + os.sep, "")
+        prefix = f"failed to load '{name}'"
+        return message if message.startswith(prefix) else f"{prefix}, {message}"
 
     # -- loading and unloading -------------------------------------------------------------
     async def load_all(self, names: list[str] | None = None) -> None:
@@ -304,12 +315,13 @@ class ModelManager:
                 if files_dir:
                     shutil.rmtree(files_dir, ignore_errors=True)
                 log.error("%s", e.message)
+                message = self.public(name, e.message, files_dir)
                 if entry.versions:
                     for mv in entry.versions.values():
-                        mv.reason = f"a later load failed, this version keeps serving: {e.message}"
+                        mv.reason = f"a later load failed, this version keeps serving: {message}"
                 else:
-                    entry.problem = e.message
-                raise
+                    entry.problem = message
+                raise ServerError(message, e.status) from None
             old, old_dir = entry.versions, entry.files_dir
             entry.versions, entry.path, entry.files_dir = new, path, files_dir
             entry.problem, entry.unloaded = "", []

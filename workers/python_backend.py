@@ -68,8 +68,9 @@ class PythonBackend:
         if hasattr(self.model, "initialize"):
             try:
                 self.model.initialize(args)
-            except Exception:
-                raise BackendError(f"initialize() failed:\n{traceback.format_exc(limit=-3)}") from None
+            except Exception as e:  # the model's own frames only, not this module's call into it
+                frames = traceback.format_exception(type(e), e, e.__traceback__.tb_next)
+                raise BackendError("initialize() failed:\n" + "".join(frames[-6:])) from None
 
     def metadata(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
         return [], []
