@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 
-from . import __version__
+from . import __version__, triton_flags
 
 
 def _bool(text: str) -> bool:
@@ -85,6 +85,7 @@ def serve_parser() -> argparse.ArgumentParser:
                         "forever)")
     p.add_argument("--arena-mb", type=int, default=64,
                    help="size of each worker's input and output shared-memory arena, in MiB")
+    triton_flags.add_to(p)
     return p
 
 
@@ -99,6 +100,22 @@ def serve(argv: list[str]) -> int:
         print(f"tritonmp: cannot open --log-file: {e}", file=sys.stderr)
         return 1
     log = logging.getLogger("tritonmp")
+    refusals = triton_flags.refused(args)
+    if refusals:
+        for line in refusals:
+            log.error("%s", line)
+        return 1
+    triton_flags.warn_ignored(args, log)
+    try:
+        max_batch_sizes = triton_flags.default_max_batch_sizes(triton_flags.backend_settings(args.backend_config, log))
+        grpcio_options = triton_flags.grpcio_options(args)
+    except ValueError as e:
+        log.error("%s", e)
+        return 1
+    for name in ("file", "level", "rate", "count", "log-frequency"):  # Triton's older spellings of --trace-config
+        args.trace_config += [f"{name}={v}" for v in getattr(args, "trace_" + name.replace("-", "_"))]
+    if args.response_cache_byte_size > 0 and not args.cache_config:
+        args.cache_config = [f"local,size={args.response_cache_byte_size}"]
     for repo in args.model_repository:
         if not os.path.isdir(repo):
             log.error("model repository '%s' is not a directory", repo)
@@ -123,7 +140,8 @@ def serve(argv: list[str]) -> int:
                             arena_bytes=args.arena_mb << 20, log_verbose=args.log_verbose,
                             exit_timeout=args.exit_timeout_secs, execution_timeout=args.execution_timeout_secs,
                             load_timeout=args.model_load_timeout_secs,
-                            gpus=visible_gpus())
+                            gpus=visible_gpus(), default_max_batch_sizes=max_batch_sizes,
+                            config_name=args.model_config_name)
     from .errors import ServerError
     from .response_cache import from_flags as cache_from_flags
     from .tracing import Tracer, settings_from_flags
@@ -140,12 +158,12 @@ def serve(argv: list[str]) -> int:
     endpoints = Endpoints(args.http_address, args.http_port, args.allow_http, args.grpc_address, args.grpc_port,
                           args.allow_grpc, tls, args.metrics_address, args.metrics_port, args.allow_metrics,
                           args.allow_cpu_metrics, args.allow_gpu_metrics, max(0.1, args.metrics_interval_ms / 1000),
-                          args.grpc_engine)
+                          args.grpc_engine, triton_flags.keepalive(args), grpcio_options)
 
     async def main() -> int:
         server = Server(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs,
                         args.allow_client_shm, args.model_control_mode, args.load_model,
-                        args.repository_poll_secs, log_settings, tracer, cache)
+                        args.repository_poll_secs, log_settings, tracer, cache, args.id)
         return await server.run()
 
     try:

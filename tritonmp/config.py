@@ -160,27 +160,32 @@ def resolve_backend(config: mc.ModelConfig, model_dir: str, versions: list[int],
     return backend, platform
 
 
-def load(model_dir: str, auto_complete: bool = True, override: str | None = None) -> Completed:
+def load(model_dir: str, auto_complete: bool = True, override: str | None = None,
+         max_batch_sizes: dict[str, int] | None = None, config_name: str = "") -> Completed:
     """Parse, complete and check the configuration of the model in `model_dir`; `override` is a
     ModelConfig in JSON that replaces config.pbtxt (the repository API's `config` parameter).
 
     Raises ConfigProblem on the first problem; `check_all` collects them instead.
     """
-    problems = check_all(model_dir, auto_complete, override)
+    problems = check_all(model_dir, auto_complete, override, max_batch_sizes=max_batch_sizes, config_name=config_name)
     if isinstance(problems, Completed):
         return problems
     raise problems[0]
 
 
-def check_all(model_dir: str, auto_complete: bool = True, override: str | None = None,
-              inspect: bool = False) -> Completed | list[ConfigProblem]:
+def check_all(model_dir: str, auto_complete: bool = True, override: str | None = None, inspect: bool = False,
+              max_batch_sizes: dict[str, int] | None = None, config_name: str = "") -> Completed | list[ConfigProblem]:
     """Every problem of the model in `model_dir`, or its completed configuration. With `inspect`,
     a framework model's files are read (in a short-lived process) to check the config against them
     even where nothing needs completing, as `tritonmp check` does; otherwise its worker checks that
-    when it loads."""
+    when it loads. `max_batch_sizes` (backend, or "" for all -> size) is the max_batch_size that
+    auto-complete gives a batchable model (Triton's --backend-config default-max-batch-size);
+    `config_name` picks configs/NAME.pbtxt over config.pbtxt where it exists (--model-config-name)."""
     model_dir = os.path.abspath(model_dir)
     name = os.path.basename(model_dir)
     path = os.path.join(model_dir, "config.pbtxt")
+    if config_name and os.path.isfile(os.path.join(model_dir, "configs", config_name + ".pbtxt")):
+        path = os.path.join(model_dir, "configs", config_name + ".pbtxt")
     if override is not None:
         path = "the load request's 'config' parameter"
         config = mc.ModelConfig()
@@ -232,6 +237,8 @@ def check_all(model_dir: str, auto_complete: bool = True, override: str | None =
             python_complete(config, model_py)
         except ConfigProblem as e:
             return problems + [e]
+    sizes = max_batch_sizes or {}
+    default_batch = sizes.get(backend, sizes.get("", model_io.DEFAULT_MAX_BATCH_SIZE))
     missing = framework_missing(backend)
     if missing:
         return problems + [ConfigProblem(path, "backend", missing)]
@@ -240,7 +247,7 @@ def check_all(model_dir: str, auto_complete: bool = True, override: str | None =
         incomplete = not config.input or not config.output
         if inspect or (auto_complete and incomplete):
             try:
-                graph, max_batch = framework_io(backend, model_file, config)
+                graph, max_batch = framework_io(backend, model_file, config, default_batch)
             except ConfigProblem as e:
                 return problems + [e]
             what = describe_model(backend, platform)
@@ -262,7 +269,7 @@ def check_all(model_dir: str, auto_complete: bool = True, override: str | None =
         except ValueError as e:
             return problems + [ConfigProblem(graph_file, "", str(e))]
         if auto_complete:
-            model_io.complete(config, graph)
+            model_io.complete(config, graph, default_batch)
         problems += model_io.check(config, graph, path)
     problems += check_fields(config, path)
     problems += warmup.check(config, model_dir, path)
@@ -308,7 +315,8 @@ def describe_model(backend: str, platform: str) -> str:
                                                              if backend == "tensorflow" else f"{backend} model")
 
 
-def framework_io(backend: str, model_file: str, config: mc.ModelConfig) -> tuple[tuple[list, list], int]:
+def framework_io(backend: str, model_file: str, config: mc.ModelConfig,
+                 default_batch: int = model_io.DEFAULT_MAX_BATCH_SIZE) -> tuple[tuple[list, list], int]:
     """The model's inputs and outputs as its framework reads them, in a short-lived process (the
     frontend never imports a framework), and the max_batch_size auto-complete gives it."""
     import subprocess
@@ -329,7 +337,7 @@ def framework_io(backend: str, model_file: str, config: mc.ModelConfig) -> tuple
         raise ConfigProblem(model_file, "", lines[-1] if lines else f"cannot be read by the {backend} backend")
     doc = json.loads(result.stdout)
     graph = model_io.from_specs(doc["inputs"]), model_io.from_specs(doc["outputs"])
-    return graph, int(doc.get("max_batch_size", model_io.DEFAULT_MAX_BATCH_SIZE))
+    return graph, int(doc.get("max_batch_size", default_batch))
 
 
 def _check_tensors(kind: str, tensors, config: mc.ModelConfig, path: str) -> list[ConfigProblem]:

@@ -32,6 +32,7 @@ class Dataplane:
                  model_control: str = "none", log_settings: LogSettings | None = None,
                  tracer: Tracer | None = None, cache: ResponseCache | None = None):
         self.models = models
+        self.server_id = "triton"  # --id: the name in the server's metadata
         self.cache = cache
         self.tracer = tracer or Tracer()
         self.log_settings = log_settings or LogSettings()

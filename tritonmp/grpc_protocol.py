@@ -235,8 +235,9 @@ class _Call(http2.StreamHandler):
 class GrpcServer:
     """Serves `methods` (full paths such as `/inference.GRPCInferenceService/ModelInfer`)."""
 
-    def __init__(self, methods: dict[str, Method]):
+    def __init__(self, methods: dict[str, Method], keepalive: http2.Keepalive | None = None):
         self.methods = {path.encode(): m for path, m in methods.items()}
+        self.keepalive = keepalive
         self.connections: set[http2.Connection] = set()
         self.server: asyncio.AbstractServer | None = None
 
@@ -254,7 +255,7 @@ class GrpcServer:
         return _Call(conn, stream, method)
 
     def _connection(self) -> http2.Connection:
-        conn = http2.Connection(self._open_stream, on_close=self.connections.discard)
+        conn = http2.Connection(self._open_stream, on_close=self.connections.discard, keepalive=self.keepalive)
         self.connections.add(conn)
         return conn
 

@@ -19,6 +19,7 @@ from . import __version__, grpc_codec
 from .dataplane import Dataplane
 from .errors import ServerError, Status
 from .grpc_protocol import Code, GrpcServer, Method, RpcError, server_ssl_context
+from .http2 import Keepalive
 
 log = logging.getLogger("tritonmp.grpc")
 
@@ -55,7 +56,7 @@ class InferenceService:
         return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request):
-        return pb.ServerMetadataResponse(name="triton", version=__version__, extensions=self.extensions)
+        return pb.ServerMetadataResponse(name=self.dp.server_id, version=__version__, extensions=self.extensions)
 
     async def ModelMetadata(self, request):
         meta = self.dp.model_metadata(request.name, request.version)
@@ -270,8 +271,8 @@ def _grpcio_handler(method: Method):
 class _GrpcioServer:
     """grpc.aio carrying the same RPCs."""
 
-    def __init__(self, table: dict[str, Method]):
-        self.server = grpc.aio.server(options=UNLIMITED)
+    def __init__(self, table: dict[str, Method], options: list | None = None):
+        self.server = grpc.aio.server(options=UNLIMITED + list(options or []))
         handlers = {path.rsplit("/", 1)[1]: _grpcio_handler(m) for path, m in table.items()}
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
@@ -302,15 +303,16 @@ def _read(path: str) -> bytes:
 
 
 async def start(dataplane: Dataplane, extensions: list[str], address: str, port: int,
-                tls: dict | None = None, engine: str = "builtin"):
+                tls: dict | None = None, engine: str = "builtin", keepalive: Keepalive | None = None,
+                grpcio_options: list | None = None):
     """A started gRPC server (with `stop(grace)`); `tls` holds server_cert, server_key, root_cert
     and mutual."""
     table = methods(InferenceService(dataplane, extensions))
     if engine == "grpcio":
-        server = _GrpcioServer(table)
+        server = _GrpcioServer(table, grpcio_options)
         await server.start(address, port, tls)
         return server
-    server = GrpcServer(table)
+    server = GrpcServer(table, keepalive)
     context = None
     if tls:
         context = server_ssl_context(tls["server_cert"], tls["server_key"], tls.get("root_cert") or None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from dataclasses import dataclass
 from typing import Protocol
 
 import hpack
@@ -130,13 +131,33 @@ _CLOSED = Stream(0, 0)  # stands for a stream already closed, in _headers
 _REFUSED = Stream(0, 0)  # stands for a new stream refused after GOAWAY
 
 
+@dataclass(frozen=True)
+class Keepalive:
+    """Triton's gRPC keepalive settings, in seconds: the server PINGs a connection `time` after it
+    last heard from it (only while calls are open unless `without_calls`) and closes it when no
+    ACK comes within `timeout`; a connection older than `max_age` is sent GOAWAY and closed after
+    `max_age_grace` more (0: never)."""
+
+    time: float = 7200.0
+    timeout: float = 20.0
+    without_calls: bool = False
+    max_age: float = 0.0
+    max_age_grace: float = 0.0
+
+
+KEEPALIVE_PING = b"tmp-keep"  # the opaque data of the server's own keepalive PINGs
+
+
 class Connection(asyncio.Protocol):
     """One client connection. `open_stream(connection, stream)` is called once a request's headers
     are complete and returns the stream's handler (it may answer at once, e.g. with an error)."""
 
-    def __init__(self, open_stream, on_close=None):
+    def __init__(self, open_stream, on_close=None, keepalive: Keepalive | None = None):
         self.open_stream = open_stream
         self.on_close = on_close
+        self.keepalive = keepalive or Keepalive()
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+        self.heard = 0.0  # when the client last sent anything (loop time)
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.preface_seen = False
@@ -179,10 +200,43 @@ class Connection(asyncio.Protocol):
             (SETTINGS_MAX_FRAME_SIZE, RECV_FRAME_SIZE), (SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST)))
         transport.write(frame(SETTINGS, 0, 0, settings)
                         + frame(WINDOW_UPDATE, 0, 0, _U32.pack(RECV_CONNECTION_WINDOW - DEFAULT_WINDOW)))
+        loop = asyncio.get_running_loop()
+        self.heard = loop.time()
+        if self.keepalive.time > 0:
+            self.timers["ping"] = loop.call_later(self.keepalive.time, self._keepalive_ping)
+        if self.keepalive.max_age > 0:
+            self.timers["age"] = loop.call_later(self.keepalive.max_age, self._aged)
+
+    # ---- keepalive and connection age ----
+
+    def _keepalive_ping(self) -> None:
+        loop = asyncio.get_running_loop()
+        idle = loop.time() - self.heard
+        if self.closed:
+            return
+        if idle < self.keepalive.time or (not self.streams and not self.keepalive.without_calls):
+            self.timers["ping"] = loop.call_later(max(self.keepalive.time - idle, 0.01) if idle < self.keepalive.time
+                                                  else self.keepalive.time, self._keepalive_ping)
+            return
+        self._write(frame(PING, 0, 0, KEEPALIVE_PING))
+        self.timers["pong"] = loop.call_later(self.keepalive.timeout, self._keepalive_expired)
+
+    def _keepalive_expired(self) -> None:
+        log.info("closing a gRPC connection whose client did not answer a keepalive PING within %gs",
+                 self.keepalive.timeout)
+        self._goaway(NO_ERROR, b"keepalive timeout")
+        for stream in list(self.streams.values()):
+            self._drop(stream, notify=True)
+        self._close()
+
+    def _aged(self) -> None:
+        if not self.closed:
+            asyncio.get_running_loop().create_task(self.shutdown(self.keepalive.max_age_grace or None))
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        self.heard = asyncio.get_running_loop().time()
         buf = self.buffer
         buf += data
         try:
@@ -227,6 +281,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        for timer in self.timers.values():
+            timer.cancel()
+        self.timers.clear()
         for stream in list(self.streams.values()):
             self._drop(stream, notify=True)
         self._wake_windows()
@@ -268,6 +325,10 @@ class Connection(asyncio.Protocol):
                 raise ProtocolError("malformed PING", FRAME_SIZE_ERROR if len(payload) != 8 else PROTOCOL_ERROR)
             if not flags & FLAG_ACK:
                 self._write(frame(PING, FLAG_ACK, 0, payload))
+            elif payload == KEEPALIVE_PING and "pong" in self.timers:
+                self.timers.pop("pong").cancel()
+                self.timers["ping"] = asyncio.get_running_loop().call_later(self.keepalive.time,
+                                                                            self._keepalive_ping)
         elif kind == RST_STREAM:
             if not stream_id or len(payload) != 4:
                 raise ProtocolError("malformed RST_STREAM")

@@ -134,7 +134,7 @@ class HttpApp:
         await _send(send, 200 if self.dp.ready() else 400, b"", _TEXT)
 
     async def server_metadata(self, receive, send) -> None:
-        doc = {"name": "triton", "version": __version__, "extensions": EXTENSIONS}
+        doc = {"name": self.dp.server_id, "version": __version__, "extensions": EXTENSIONS}
         await _send(send, 200, orjson.dumps(doc))
 
     async def model_metadata(self, receive, send, model: str, version: str | None) -> None:

@@ -39,6 +39,9 @@ class ServerOptions:
     execution_timeout: float = 0.0
     load_timeout: float = 0.0
     gpus: list[int] = field(default_factory=list)
+    # --backend-config default-max-batch-size: backend ("" for all) -> max_batch_size of auto-complete
+    default_max_batch_sizes: dict[str, int] = field(default_factory=dict)
+    config_name: str = ""  # --model-config-name: read configs/NAME.pbtxt where a model has one
 
 
 class ModelVersion:
@@ -331,7 +334,8 @@ class ModelManager:
 
     async def _start_versions(self, name: str, path: str, override: str | None) -> dict[int, ModelVersion]:
         try:
-            completed = cfg.load(path, self.options.auto_complete, override)
+            completed = cfg.load(path, self.options.auto_complete, override, self.options.default_max_batch_sizes,
+                                 self.options.config_name)
             specs = [] if completed.backend == "ensemble" else \
                 instance_specs(completed.config, self.options.workers, self.options.gpus)
         except (ConfigProblem, LoadError) as e:

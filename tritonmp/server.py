@@ -16,6 +16,7 @@ import uvicorn
 from . import arena
 from . import grpc_server as grpc_frontend
 from .dataplane import EXTENSIONS, Dataplane
+from .http2 import Keepalive
 from .http_server import HttpApp
 from .log_settings import LogSettings
 from .metrics import MetricsApp, SystemSampler
@@ -43,6 +44,8 @@ class Endpoints:
     allow_gpu_metrics: bool = True
     metrics_interval: float = 2.0
     grpc_engine: str = "builtin"  # or "grpcio"
+    grpc_keepalive: Keepalive | None = None  # the built-in engine's keepalive and connection age
+    grpcio_options: list | None = None  # the same, and Triton's HTTP/2 ping settings, for grpc.aio
 
 
 class _Uvicorn(uvicorn.Server):
@@ -78,8 +81,9 @@ class Server:
                  exit_on_error: bool = True, exit_timeout: float = 30.0, allow_client_shm: bool = False,
                  model_control: str = "none", load_models: list[str] | None = None, poll_secs: float = 15.0,
                  log_settings: LogSettings | None = None, tracer: Tracer | None = None,
-                 cache: ResponseCache | None = None):
+                 cache: ResponseCache | None = None, server_id: str = "triton"):
         self.options = options
+        self.server_id = server_id
         self.endpoints = endpoints
         self.strict_readiness = strict_readiness
         self.exit_on_error = exit_on_error
@@ -137,7 +141,7 @@ class Server:
             log.info("Started Metrics Service at %s:%d", ep.metrics_address, ep.metrics_port)
         if ep.allow_grpc:
             self.grpc = await grpc_frontend.start(dataplane, EXTENSIONS, ep.grpc_address, ep.grpc_port, ep.grpc_tls,
-                                                  ep.grpc_engine)
+                                                  ep.grpc_engine, ep.grpc_keepalive, ep.grpcio_options)
             log.info("Started GRPCInferenceService at %s:%d", ep.grpc_address, ep.grpc_port)
 
     async def _drain_frontends(self, deadline: float) -> bool:
@@ -173,6 +177,7 @@ class Server:
         models = ModelManager(self.options)
         dataplane = Dataplane(models, self.strict_readiness, self.allow_client_shm, self.model_control,
                               self.log_settings, self.tracer, self.cache)
+        dataplane.server_id = self.server_id
         models.bls = dataplane.infer
         poller = None
         code = 0

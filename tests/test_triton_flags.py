@@ -1,0 +1,124 @@
+"""Triton 2.51's command line: every flag of `tritonserver --help` is accepted; those with a meaning
+here do what they say (--id, --backend-config default-max-batch-size, --model-config-name, the
+older trace and cache spellings, gRPC keepalive and connection age); the rest are logged as ignored;
+the access-restricting ones are refused rather than ignored."""
+
+import socket
+import struct
+import subprocess
+import time
+
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from conftest import TRITONMP
+from make_example_repo import binary_op_model, write
+
+# every flag of Triton 2.51's `tritonserver --help`, with a value it takes
+TRITON_FLAGS = {
+    "--id": "prod-a", "--exit-timeout-secs": "30", "--log-verbose": "0", "--log-info": "true",
+    "--log-warning": "true", "--log-error": "true", "--log-format": "default", "--exit-on-error": "true",
+    "--disable-auto-complete-config": None, "--strict-readiness": "true", "--model-control-mode": "none",
+    "--repository-poll-secs": "15", "--model-config-name": "", "--model-load-thread-count": "4",
+    "--model-load-retry-count": "0", "--model-namespacing": "false", "--enable-peer-access": "true",
+    "--allow-http": "true", "--http-address": "127.0.0.1", "--reuse-http-port": "false",
+    "--http-header-forward-pattern": "x-.*", "--http-thread-count": "8", "--allow-grpc": "true",
+    "--grpc-address": "127.0.0.1", "--reuse-grpc-port": "false", "--grpc-header-forward-pattern": "x-.*",
+    "--grpc-infer-allocation-pool-size": "8", "--grpc-use-ssl": "false", "--grpc-use-ssl-mutual": "false",
+    "--grpc-infer-response-compression-level": "none", "--grpc-keepalive-time": "7200000",
+    "--grpc-keepalive-timeout": "20000", "--grpc-keepalive-permit-without-calls": "false",
+    "--grpc-http2-max-pings-without-data": "2", "--grpc-http2-min-recv-ping-interval-without-data": "300000",
+    "--grpc-http2-max-ping-strikes": "2", "--grpc-max-connection-age": "0", "--grpc-max-connection-age-grace": "0",
+    "--allow-sagemaker": "false", "--sagemaker-port": "8080", "--sagemaker-safe-port-range": "8081-8085",
+    "--sagemaker-thread-count": "8", "--allow-vertex-ai": "false", "--vertex-ai-port": "8080",
+    "--vertex-ai-thread-count": "8", "--vertex-ai-default-model": "add", "--allow-metrics": "true",
+    "--allow-gpu-metrics": "true", "--allow-cpu-metrics": "true", "--metrics-address": "127.0.0.1",
+    "--metrics-interval-ms": "2000", "--metrics-config": "summary_latencies=false",
+    "--backend-directory": "/opt/tritonserver/backends", "--backend-config": "python,shm-default-byte-size=1048576",
+    "--repoagent-directory": "/opt/tritonserver/repoagents", "--cache-directory": "/opt/tritonserver/caches",
+    "--rate-limit": "off", "--rate-limit-resource": "R1:10:0", "--pinned-memory-pool-byte-size": "268435456",
+    "--cuda-memory-pool-byte-size": "0:67108864", "--cuda-virtual-address-size": "0:1073741824",
+    "--min-supported-compute-capability": "6.0", "--buffer-manager-thread-count": "0",
+    "--host-policy": "numa0,numa-node=0", "--model-load-gpu-limit": "0:0.8", "--strict-model-config": "false",
+    "--response-cache-byte-size": "0", "--trace-file": "/tmp/trace.json", "--trace-level": "OFF",
+    "--trace-rate": "1000", "--trace-count": "-1", "--trace-log-frequency": "0",
+}
+
+
+def _repo(tmp_path):
+    repo = tmp_path / "repo"
+    write(binary_op_model("Add"), str(repo / "add" / "1" / "model.onnx"))  # no config.pbtxt: auto-complete
+    return repo
+
+
+def test_every_triton_flag_is_accepted_and_the_ignored_ones_are_named(start_server, tmp_path):
+    args = []
+    for flag, value in TRITON_FLAGS.items():
+        if flag in ("--disable-auto-complete-config", "--model-config-name", "--http-address", "--grpc-address",
+                    "--metrics-address"):
+            continue  # these change what the test looks at; their own tests are below and elsewhere
+        args.append(f"{flag}={value}")
+    args.append("--backend-config=default-max-batch-size=8")
+    server = start_server([_repo(tmp_path)], *args)
+    log = server.log()
+    assert ("--http-thread-count=8: a Triton flag this server accepts and ignores (HTTP is served by the frontend's "
+            "event loop, not a thread pool)") in log
+    assert "--pinned-memory-pool-byte-size=268435456: a Triton flag this server accepts and ignores" in log
+    assert "--backend-config=python,shm-default-byte-size=1048576: the python backend's setting " \
+           "'shm-default-byte-size' has no meaning in this server and is ignored" in log
+    assert httpclient.InferenceServerClient(server.url).get_server_metadata()["name"] == "prod-a"
+    assert grpcclient.InferenceServerClient(server.grpc_url).get_server_metadata().name == "prod-a"
+    # default-max-batch-size reaches auto-complete
+    assert httpclient.InferenceServerClient(server.url).get_model_config("add")["max_batch_size"] == 8
+
+
+def test_flags_that_restrict_access_are_refused_not_ignored(tmp_path):
+    for flag in ("--http-restricted-api=model-repository,admin-key=secret",
+                 "--grpc-restricted-protocol=model-repository,admin-key=secret"):
+        result = subprocess.run([*TRITONMP, "--model-repository", str(_repo(tmp_path)), flag],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1
+        assert f"{flag.split('=')[0]} is not supported: restricted" in result.stderr + result.stdout
+    result = subprocess.run([*TRITONMP, "--model-repository", str(_repo(tmp_path)), "--not-a-triton-flag=1"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "unrecognized arguments: --not-a-triton-flag=1" in result.stderr
+
+
+def test_model_config_name_picks_the_named_config(start_server, tmp_path):
+    repo = _repo(tmp_path)
+    (repo / "add" / "configs").mkdir()
+    (repo / "add" / "configs" / "h100.pbtxt").write_text('platform: "onnxruntime_onnx"\nmax_batch_size: 2\n')
+    server = start_server([repo], "--model-config-name=h100")
+    assert httpclient.InferenceServerClient(server.url).get_model_config("add")["max_batch_size"] == 2
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return struct.pack(">I", len(payload))[1:] + bytes((kind, flags)) + struct.pack(">I", stream) + payload
+
+
+def test_grpc_keepalive_pings_and_closes_a_silent_connection(start_server, tmp_path):
+    server = start_server([_repo(tmp_path)], "--grpc-keepalive-time=200", "--grpc-keepalive-timeout=300",
+                          "--grpc-keepalive-permit-without-calls=true")
+    with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=10) as s:
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0))
+        started = time.monotonic()
+        data = b""
+        while True:  # read until the server ends the connection: it PINGs, gets no ACK, and closes
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        took = time.monotonic() - started
+    frames, pos = [], 0
+    while pos + 9 <= len(data):
+        n = int.from_bytes(data[pos:pos + 3], "big")
+        frames.append((data[pos + 3], data[pos + 4], data[pos + 9:pos + 9 + n]))
+        pos += 9 + n
+    assert (6, 0, b"tmp-keep") in frames  # a keepalive PING
+    assert frames[-1][0] == 7 and b"keepalive timeout" in frames[-1][2]  # then GOAWAY
+    assert 0.4 < took < 10
+    # a client that answers is kept: tritonclient (grpc's C core acks PINGs) still works after several pings
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    assert client.is_server_live()
+    time.sleep(1.0)  # lets several keepalive periods pass on an idle connection (a wait for time itself)
+    assert client.is_server_live()

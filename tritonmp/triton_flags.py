@@ -1,0 +1,172 @@
+"""The rest of Triton 2.51's command line: the flags `tritonserver --help` lists beyond those the
+server implements in cli.py. Deployment files written for Triton pass them, so each is accepted.
+Those that mean something here are turned into this server's settings (`apply`); the others are
+logged once each, by name, as accepted and ignored, with the reason. Flags that restrict who may
+call which API are refused instead: ignoring one would leave open what the operator meant to close.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from .http2 import Keepalive
+
+# flag -> why it means nothing in this server
+IGNORED = {
+    "--model-load-thread-count": "models load concurrently, each instance in a worker process of its own",
+    "--model-load-retry-count": "a failed load is reported at once",
+    "--model-namespacing": "model names are global here; a name in two repositories is a load error",
+    "--enable-peer-access": "CUDA peer access is the CUDA runtime's default for each worker",
+    "--reuse-http-port": "the HTTP port is bound by this process alone",
+    "--reuse-grpc-port": "the gRPC port is bound by this process alone",
+    "--http-header-forward-pattern": "request headers are not forwarded to models",
+    "--grpc-header-forward-pattern": "request headers are not forwarded to models",
+    "--http-thread-count": "HTTP is served by the frontend's event loop, not a thread pool",
+    "--grpc-infer-allocation-pool-size": "gRPC responses are not pooled",
+    "--grpc-infer-response-compression-level": "responses are sent uncompressed",
+    "--grpc-http2-max-pings-without-data": "the built-in HTTP/2 engine answers every PING (it applies with "
+                                           "--grpc-engine grpcio)",
+    "--grpc-http2-min-recv-ping-interval-without-data": "the built-in HTTP/2 engine answers every PING (it applies "
+                                                        "with --grpc-engine grpcio)",
+    "--grpc-http2-max-ping-strikes": "the built-in HTTP/2 engine answers every PING (it applies with "
+                                     "--grpc-engine grpcio)",
+    "--allow-sagemaker": "the SageMaker endpoint is not served",
+    "--sagemaker-port": "the SageMaker endpoint is not served",
+    "--sagemaker-safe-port-range": "the SageMaker endpoint is not served",
+    "--sagemaker-thread-count": "the SageMaker endpoint is not served",
+    "--allow-vertex-ai": "the Vertex AI endpoint is not served",
+    "--vertex-ai-port": "the Vertex AI endpoint is not served",
+    "--vertex-ai-thread-count": "the Vertex AI endpoint is not served",
+    "--vertex-ai-default-model": "the Vertex AI endpoint is not served",
+    "--metrics-config": "the metrics are always Triton's summary-free set plus this server's histograms",
+    "--backend-directory": "backends are part of this package",
+    "--repoagent-directory": "repository agents are not run",
+    "--cache-directory": "the response cache is built in (--cache-config local,size=...)",
+    "--rate-limit": "instances run one batch at a time each; there is no rate limiter to configure",
+    "--rate-limit-resource": "there is no rate limiter",
+    "--pinned-memory-pool-byte-size": "tensors move through shared-memory arenas (--arena-mb)",
+    "--cuda-memory-pool-byte-size": "each GPU worker allocates through its framework",
+    "--cuda-virtual-address-size": "each GPU worker allocates through its framework",
+    "--min-supported-compute-capability": "each framework checks its GPU itself",
+    "--buffer-manager-thread-count": "there is no buffer manager",
+    "--host-policy": "workers are not pinned to NUMA nodes",
+    "--model-load-gpu-limit": "GPU memory is not budgeted per load",
+}
+REPEATABLE = {"--rate-limit-resource", "--host-policy", "--backend-config"}
+# flags that restrict access: never accepted without doing what they say
+REFUSED = {
+    "--http-restricted-api": "restricted APIs are not implemented yet; keep the inference port on a trusted network",
+    "--grpc-restricted-protocol": "restricted protocols are not implemented yet; keep the inference port on a "
+                                  "trusted network",
+}
+# --backend-config settings this server honours, per backend ("" for every backend)
+BACKEND_SETTINGS = {"default-max-batch-size"}
+
+
+def add_to(parser: argparse.ArgumentParser) -> None:
+    """Add Triton's remaining flags to the serve parser."""
+    for flag in IGNORED:
+        parser.add_argument(flag, action="append", metavar="VALUE", dest=_dest(flag), help=argparse.SUPPRESS)
+    for flag in REFUSED:
+        parser.add_argument(flag, action="append", metavar="VALUE", dest=_dest(flag), help=argparse.SUPPRESS)
+    parser.add_argument("--id", default="triton", help="the server's name in its metadata")
+    parser.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]SETTING=VALUE",
+                        help="Triton's backend settings: default-max-batch-size is honoured, others are ignored")
+    parser.add_argument("--model-config-name", default="",
+                        help="read MODEL/configs/NAME.pbtxt where it exists instead of MODEL/config.pbtxt")
+    parser.add_argument("--response-cache-byte-size", type=int, default=0,
+                        help="deprecated Triton spelling of --cache-config local,size=BYTES")
+    for name in ("file", "level", "rate", "count", "log-frequency"):
+        parser.add_argument(f"--trace-{name}", action="append", default=[], metavar="VALUE",
+                            help=f"deprecated Triton spelling of --trace-config {name}=VALUE")
+    parser.add_argument("--grpc-keepalive-time", type=int, default=7200000, metavar="MS")
+    parser.add_argument("--grpc-keepalive-timeout", type=int, default=20000, metavar="MS")
+    parser.add_argument("--grpc-keepalive-permit-without-calls", type=_bool, default=False)
+    parser.add_argument("--grpc-max-connection-age", type=int, default=0, metavar="MS")
+    parser.add_argument("--grpc-max-connection-age-grace", type=int, default=0, metavar="MS")
+
+
+def _dest(flag: str) -> str:
+    return "triton_" + flag.lstrip("-").replace("-", "_")
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def refused(args: argparse.Namespace) -> list[str]:
+    """Errors for the access-restricting flags given."""
+    return [f"{flag} is not supported: {why}" for flag, why in REFUSED.items() if getattr(args, _dest(flag))]
+
+
+GRPCIO_ONLY = {"--grpc-http2-max-pings-without-data", "--grpc-http2-min-recv-ping-interval-without-data",
+               "--grpc-http2-max-ping-strikes"}
+
+
+def warn_ignored(args: argparse.Namespace, log: logging.Logger) -> None:
+    for flag, why in IGNORED.items():
+        values = getattr(args, _dest(flag))
+        if values and not (flag in GRPCIO_ONLY and args.grpc_engine == "grpcio"):
+            log.warning("%s=%s: a Triton flag this server accepts and ignores (%s)", flag, values[-1], why)
+
+
+def backend_settings(values: list[str], log: logging.Logger) -> dict[str, dict[str, str]]:
+    """--backend-config values as {backend ("" for all): {setting: value}}; the settings this server
+    has no use for are logged as ignored. ValueError for a value that is not SETTING=VALUE."""
+    out: dict[str, dict[str, str]] = {}
+    for item in values:
+        backend, _, rest = item.partition(",") if "," in item.split("=", 1)[0] else ("", "", item)
+        setting, sep, value = rest.partition("=")
+        if not sep or not setting:
+            raise ValueError(f"--backend-config '{item}': expected [BACKEND,]SETTING=VALUE")
+        if setting in BACKEND_SETTINGS:
+            out.setdefault(backend, {})[setting] = value
+        else:
+            where = f"the {backend} backend's" if backend else "the"
+            log.warning("--backend-config=%s: %s setting '%s' has no meaning in this server and is ignored",
+                        item, where, setting)
+    return out
+
+
+def default_max_batch_sizes(settings: dict[str, dict[str, str]]) -> dict[str, int]:
+    """{backend ("" for all): the max_batch_size auto-complete gives a batchable model}."""
+    out = {}
+    for backend, values in settings.items():
+        if "default-max-batch-size" in values:
+            text = values["default-max-batch-size"]
+            if not text.isdigit():
+                raise ValueError(f"--backend-config default-max-batch-size must be a non-negative integer, got "
+                                 f"'{text}'")
+            out[backend] = int(text)
+    return out
+
+
+def keepalive(args: argparse.Namespace) -> Keepalive:
+    return Keepalive(args.grpc_keepalive_time / 1000, args.grpc_keepalive_timeout / 1000,
+                     args.grpc_keepalive_permit_without_calls, args.grpc_max_connection_age / 1000,
+                     args.grpc_max_connection_age_grace / 1000)
+
+
+def grpcio_options(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """The same settings as grpc.aio server options (Triton passes them to grpc the same way)."""
+    options = [("grpc.keepalive_time_ms", args.grpc_keepalive_time),
+               ("grpc.keepalive_timeout_ms", args.grpc_keepalive_timeout),
+               ("grpc.keepalive_permit_without_calls", int(args.grpc_keepalive_permit_without_calls))]
+    if args.grpc_max_connection_age:
+        options.append(("grpc.max_connection_age_ms", args.grpc_max_connection_age))
+    if args.grpc_max_connection_age_grace:
+        options.append(("grpc.max_connection_age_grace_ms", args.grpc_max_connection_age_grace))
+    for flag, option in (("--grpc-http2-max-pings-without-data", "grpc.http2.max_pings_without_data"),
+                         ("--grpc-http2-min-recv-ping-interval-without-data",
+                          "grpc.http2.min_ping_interval_without_data_ms"),
+                         ("--grpc-http2-max-ping-strikes", "grpc.http2.max_ping_strikes")):
+        values = getattr(args, _dest(flag))
+        if values:
+            options.append((option, int(values[-1])))
+    return options
