@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 REPO := configs/model_repository
 ARGS ?=
 
-.PHONY: install frameworks example-repo serve test test-compat lint bench clean
+.PHONY: install frameworks node-client example-repo serve test test-compat lint bench clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,14 @@ $(VENV)/.frameworks: $(VENV)/.installed
 
 frameworks: $(VENV)/.frameworks
 
+# Node's @grpc/grpc-js, a second gRPC client for the tests, where node and npm are present (the test
+# skips with the reason otherwise).
+tests/node/node_modules/.package-lock.json: tests/node/package.json tests/node/package-lock.json
+	@if command -v npm >/dev/null; then npm ci --prefix tests/node --no-audit --no-fund --loglevel=error; \
+	else echo "npm is not installed: the @grpc/grpc-js client test will skip"; fi
+
+node-client: tests/node/node_modules/.package-lock.json
+
 $(REPO)/add/1/model.onnx: scripts/make_example_repo.py $(VENV)/.installed
 	$(BIN)/python scripts/make_example_repo.py $(REPO)
 
@@ -35,7 +43,7 @@ example-repo: $(REPO)/add/1/model.onnx
 serve: example-repo
 	$(BIN)/tritonmp --model-repository $(REPO) --workers auto $(ARGS)
 
-test: example-repo frameworks
+test: example-repo frameworks node-client
 	$(BIN)/python -m pytest -q -m "not compat" $(ARGS)
 
 # Installs the reference Triton server (../shared/anchors/setup.sh) when it is missing, then compares.
