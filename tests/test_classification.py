@@ -78,3 +78,11 @@ def test_an_ensembles_output_takes_the_ensembles_labels(start_server, test_repo,
     x.set_data_from_numpy(SCORES)
     result = client.infer("labelled", [x], outputs=[module.InferRequestedOutput("TOP", class_count=1)])
     assert result.as_numpy("TOP").tolist() == [[b"0.900000:1:CAT1"], [b"4.000000:0:CAT0"]]
+    # and, as Triton's ensembles do, the request's sequence fields
+    if module is httpclient:
+        expected = {"sequence_id": 0, "sequence_start": False, "sequence_end": False}
+        assert result.get_response()["parameters"] == expected
+    else:
+        expected = {"sequence_id": {"int64_param": "0"}, "sequence_start": {"bool_param": False},
+                    "sequence_end": {"bool_param": False}}
+        assert result.get_response(as_json=True)["parameters"] == expected

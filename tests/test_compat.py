@@ -320,3 +320,61 @@ def test_load_failures_and_decoupled_refusals_start_with_tritons_words(pair):
             answers.append((e.value.status(), e.value.message()))
         (ours_status, ours), (ref_status, ref) = answers
         assert ours_status == ref_status and ours.startswith(ref), (ours, ref)
+
+
+INTS_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y_INT", x.astype(np.int32)),
+                                                   pb_utils.Tensor("Y_FLOAT", x.astype(np.float32))]))
+        return out
+'''
+
+LABELLED = '''
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "SCORES", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "TOP", data_type: TYPE_FP32, dims: [ 4 ], label_filename: "ensemble_labels.txt" } ]
+ensemble_scheduling { step [ { model_name: "scores", model_version: -1,
+  input_map { key: "X" value: "SCORES" } output_map { key: "Y" value: "TOP" } } ] }
+'''
+
+
+def test_classification_of_integers_and_of_an_ensembles_output_matches(tmp_path):
+    from conftest import write_model
+
+    repo = tmp_path / "repo"
+    write_model(repo, "ints", INTS_MODEL,
+                'backend: "python"\nmax_batch_size: 0\n'
+                'input [ { name: "X", data_type: TYPE_INT32, dims: [ -1 ] } ]\n'
+                'output [ { name: "Y_INT", data_type: TYPE_INT32, dims: [ -1 ] }, '
+                '{ name: "Y_FLOAT", data_type: TYPE_FP32, dims: [ -1 ] } ]\n')
+    shutil.copytree(TEST_MODELS / "scores", repo / "scores")
+    (repo / "labelled" / "1").mkdir(parents=True)
+    (repo / "labelled" / "config.pbtxt").write_text(LABELLED)
+    (repo / "labelled" / "ensemble_labels.txt").write_text("CAT0\nCAT1\nCAT2\nCAT3\n")
+    ints = orjson.dumps({"inputs": [{"name": "X", "shape": [4], "datatype": "INT32", "data": [3, 16, 7, 1]}],
+                         "outputs": [{"name": n, "parameters": {"classification": 2}} for n in ("Y_INT", "Y_FLOAT")]})
+    labelled = orjson.dumps({"inputs": [{"name": "SCORES", "shape": [1, 4], "datatype": "FP32",
+                                         "data": [0.1, 0.9, 0.5, 0.3]}],
+                             "outputs": [{"name": "TOP", "parameters": {"classification": 2}}]})
+    with both_serving(repo, tmp_path) as servers:
+        answers = []
+        for server in servers:
+            replies = [server.post(f"/v2/models/{m}/infer", body)
+                       for m, body in (("ints", ints), ("labelled", labelled))]
+            answers.append([(status, orjson.loads(raw)) for status, _, raw in replies])
+            scores = grpcclient.InferInput("SCORES", [1, 4], "FP32")
+            scores.set_data_from_numpy(np.array([[0.1, 0.9, 0.5, 0.3]], np.float32))
+            result = grpcclient.InferenceServerClient(server.grpc_url).infer(
+                "labelled", [scores], outputs=[grpcclient.InferRequestedOutput("TOP", class_count=2)])
+            answers[-1].append(result.get_response(as_json=True))
+    assert answers[0] == answers[1]
+    assert answers[0][0][1]["outputs"][0]["data"] == ["16:1", "7:2"]

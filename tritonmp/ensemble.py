@@ -162,7 +162,12 @@ class EnsembleVersion:
             if name not in tensors:
                 raise ServerError(f"ensemble '{self.name}' produced no output '{name}'", Status.INTERNAL)
             outputs.append(tensors[name])
-        return InferResponse(self.name, str(self.version), request.id, outputs)
+        # Triton's ensemble answers carry the request's sequence fields
+        params = request.parameters
+        sequence = {"sequence_id": params.get("sequence_id", 0),
+                    "sequence_start": bool(params.get("sequence_start", False)),
+                    "sequence_end": bool(params.get("sequence_end", False))}
+        return InferResponse(self.name, str(self.version), request.id, outputs, sequence)
 
     async def _step(self, step: mc.ModelEnsembling.Step, request: InferRequest, tensors: dict) -> InferResponse:
         inputs = []

@@ -86,4 +86,12 @@ def encode_infer(response: InferResponse) -> pb.ModelInferResponse:
     for t in response.outputs:
         msg.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
         msg.raw_output_contents.append(b"" if t.data is None else bytes(t.data))
+    for key, value in response.parameters.items():
+        param = msg.parameters[key]
+        if isinstance(value, bool):
+            param.bool_param = value
+        elif isinstance(value, int):
+            param.int64_param = value
+        else:
+            param.string_param = str(value)
     return msg

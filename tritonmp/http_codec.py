@@ -172,6 +172,8 @@ def encode_infer(response: InferResponse, request: InferRequest,
         doc["id"] = request.id
     doc["model_name"] = response.model_name
     doc["model_version"] = response.model_version
+    if response.parameters:
+        doc["parameters"] = response.parameters
     doc["outputs"] = outputs
     head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
