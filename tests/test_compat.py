@@ -378,3 +378,17 @@ def test_classification_of_integers_and_of_an_ensembles_output_matches(tmp_path)
             answers[-1].append(result.get_response(as_json=True))
     assert answers[0] == answers[1]
     assert answers[0][0][1]["outputs"][0]["data"] == ["16:1", "7:2"]
+
+
+def test_log_and_trace_files_cannot_be_moved_over_the_network_match(pair, tmp_path):
+    evil = str(tmp_path / "evil")
+    for path, body in (("/v2/logging", {"log_file": evil}), ("/v2/logging", {"log_file": ""}),
+                       ("/v2/trace/setting", {"trace_file": evil}), ("/v2/trace/setting", {"trace_file": None}),
+                       ("/v2/models/add_py/trace/setting", {"trace_file": evil})):
+        ours, ref = _both(pair, "POST", path, orjson.dumps(body))
+        assert ours == ref, (path, body)
+    for call in (lambda c: c.update_log_settings({"log_file": evil}),
+                 lambda c: c.update_trace_settings("add_py", {"trace_file": evil})):
+        assert _grpc_error(pair[0].grpc_url, call) == _grpc_error(pair[1].grpc_url, call)
+    ours, ref = _both(pair, "GET", "/v2/logging")
+    assert ours == ref

@@ -33,16 +33,24 @@ def test_verbose_level_turns_request_logging_on_and_off(start_server, example_re
     assert "quiet-1" not in log and "quiet-2" not in log
 
 
-def test_log_format_and_file(start_server, example_repo, tmp_path):
-    server = start_server([example_repo])
-    client = httpclient.InferenceServerClient(server.url)
+def test_log_format_changes_and_the_file_cannot_be_moved_over_the_network(start_server, example_repo, tmp_path):
     log_file = tmp_path / "server.log"
-    settings = client.update_log_settings({"log_file": str(log_file), "log_format": "ISO8601",
-                                           "log_verbose_level": 1})
+    server = start_server([example_repo], "--log-file", str(log_file))
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.get_log_settings()["log_file"] == str(log_file)  # the file it was started with
+    settings = client.update_log_settings({"log_file": None, "log_format": "ISO8601", "log_verbose_level": 1})
     assert settings["log_format"] == "ISO8601" and settings["log_file"] == str(log_file)
     _infer(server, "to-file")
     line = next(line for line in log_file.read_text().splitlines() if "to-file" in line)
     assert line[:4].isdigit() and line[4] == "-" and "T" in line[:20]
+    # a client that could move the log could write it anywhere the server may write
+    elsewhere = tmp_path / "elsewhere.log"
+    for c, code in ((client, "501"), (grpcclient.InferenceServerClient(server.grpc_url), "StatusCode.UNIMPLEMENTED")):
+        with pytest.raises(InferenceServerException) as e:
+            c.update_log_settings({"log_file": str(elsewhere)})
+        assert (e.value.status(), e.value.message()) == (code, "log file location can not be updated through "
+                                                               "network protocol")
+    assert not elsewhere.exists() and client.get_log_settings()["log_file"] == str(log_file)
 
 
 def test_bad_settings_are_refused_and_change_nothing(start_server, example_repo):

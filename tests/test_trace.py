@@ -46,10 +46,10 @@ def test_timestamps_traces_of_sampled_requests(start_server, example_repo, tmp_p
 
 def test_per_model_settings_over_grpc_and_count(start_server, example_repo, tmp_path):
     trace_file = tmp_path / "py.json"
-    server = start_server([example_repo])
+    server = start_server([example_repo], "--trace-config", f"file={trace_file}")
     g = grpcclient.InferenceServerClient(server.grpc_url)
-    settings = g.update_trace_settings("add_py", {"trace_file": str(trace_file), "trace_level": ["TIMESTAMPS"],
-                                                  "trace_rate": "1", "trace_count": "2"}, as_json=True)
+    settings = g.update_trace_settings("add_py", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1",
+                                                  "trace_count": "2"}, as_json=True)
     assert settings["settings"]["trace_level"]["value"] == ["TIMESTAMPS"]
     assert g.get_trace_settings(as_json=True)["settings"]["trace_level"]["value"] == ["OFF"]  # global unchanged
     client = httpclient.InferenceServerClient(server.url)
@@ -70,3 +70,17 @@ def test_bad_trace_settings_are_refused(start_server, example_repo):
             client.update_trace_settings(settings=settings)
     with pytest.raises(InferenceServerException, match="Request for unknown model: 'nope'"):
         client.get_trace_settings("nope")
+
+
+def test_the_trace_file_cannot_be_moved_over_the_network(start_server, example_repo, tmp_path):
+    server = start_server([example_repo])
+    elsewhere = tmp_path / "elsewhere.json"
+    for c, code in ((httpclient.InferenceServerClient(server.url), "501"),
+                    (grpcclient.InferenceServerClient(server.grpc_url), "StatusCode.UNIMPLEMENTED")):
+        for model in ("", "add_py"):
+            for value in (str(elsewhere), None):
+                with pytest.raises(InferenceServerException) as e:
+                    c.update_trace_settings(model, {"trace_file": value})
+                assert (e.value.status(), e.value.message()) == (code, "trace file location can not be updated "
+                                                                       "through network protocol")
+    assert not elsewhere.exists()

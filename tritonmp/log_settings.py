@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from .errors import invalid
+from .errors import invalid, unsupported
 
 FORMATS = {
     "default": ("%(levelname).1s%(asctime)s.%(msecs)03d %(process)d %(name)s] %(message)s", "%m%d %H:%M:%S"),
@@ -52,7 +52,11 @@ class LogSettings:
             logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
     def update(self, changes: dict) -> dict:
-        """Apply some settings (Triton's names and types); all are checked before any is applied."""
+        """Apply some settings (Triton's names and types); all are checked before any is applied.
+        The log file is the operator's choice alone (--log-file): a client that could move it could
+        write the server's log anywhere the server may write, so it is refused as Triton does."""
+        if changes.get("log_file") is not None:
+            raise unsupported("log file location can not be updated through network protocol")
         checked = dict(self.settings)
         for key, value in changes.items():
             if key not in checked:
@@ -69,11 +73,6 @@ class LogSettings:
             if key == "log_format" and value not in FORMATS:
                 raise invalid(f"log_format must be one of: {', '.join(FORMATS)}")
             checked[key] = value
-        if checked["log_file"] != self.settings["log_file"] and checked["log_file"]:
-            try:
-                open(checked["log_file"], "a").close()
-            except OSError as e:
-                raise invalid(f"cannot write the log file '{checked['log_file']}': {e}") from None
         self.settings = checked
         self.apply()
         return dict(self.settings)

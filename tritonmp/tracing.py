@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .errors import invalid
+from .errors import invalid, unsupported
 
 log = logging.getLogger("tritonmp.trace")
 
@@ -80,6 +80,10 @@ class Tracer:
         return merged
 
     def update(self, changes: dict, model: str = "") -> dict:
+        """Change the global settings or a model's. The trace file is the operator's choice alone
+        (--trace-config file=...): refused over the network, as Triton does, even to reset it."""
+        if "trace_file" in changes:
+            raise unsupported("trace file location can not be updated through network protocol")
         checked = _check(changes)
         self.flush()
         if model:
