@@ -392,3 +392,80 @@ def test_log_and_trace_files_cannot_be_moved_over_the_network_match(pair, tmp_pa
         assert _grpc_error(pair[0].grpc_url, call) == _grpc_error(pair[1].grpc_url, call)
     ours, ref = _both(pair, "GET", "/v2/logging")
     assert ours == ref
+
+
+RESTRICTABLE_HTTP = [
+    ("GET", "/v2/health/live", None), ("GET", "/v2/health/ready", None), ("GET", "/v2/models/add_py/ready", None),
+    ("GET", "/v2", None), ("GET", "/v2/models/add_py", None), ("POST", "/v2/models/add_py/infer", b'{"inputs":[]}'),
+    ("POST", "/v2/models/add_py/generate", b"{}"), ("POST", "/v2/models/add_py/generate_stream", b"{}"),
+    ("GET", "/v2/models/add_py/config", None), ("GET", "/v2/models/stats", None),
+    ("GET", "/v2/models/add_py/stats", None), ("POST", "/v2/repository/index", b"{}"),
+    ("POST", "/v2/repository/models/nope/load", b"{}"), ("POST", "/v2/repository/models/nope/unload", b"{}"),
+    ("GET", "/v2/systemsharedmemory/status", None), ("POST", "/v2/systemsharedmemory/region/x/register", b"{}"),
+    ("POST", "/v2/systemsharedmemory/unregister", b""), ("GET", "/v2/cudasharedmemory/status", None),
+    ("POST", "/v2/cudasharedmemory/unregister", b""), ("GET", "/v2/trace/setting", None),
+    ("POST", "/v2/trace/setting", b"{}"), ("GET", "/v2/models/add_py/trace/setting", None),
+    ("GET", "/v2/logging", None), ("POST", "/v2/logging", b"{}"),
+]
+
+
+def _grpc_restricted_answers(url: str) -> dict:
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as rpc
+
+    calls = [("ServerLive", pb.ServerLiveRequest()), ("ServerReady", pb.ServerReadyRequest()),
+             ("ModelReady", pb.ModelReadyRequest(name="add_py")), ("ServerMetadata", pb.ServerMetadataRequest()),
+             ("ModelMetadata", pb.ModelMetadataRequest(name="add_py")),
+             ("ModelInfer", pb.ModelInferRequest(model_name="add_py")),
+             ("ModelConfig", pb.ModelConfigRequest(name="add_py")),
+             ("ModelStatistics", pb.ModelStatisticsRequest(name="add_py")),
+             ("RepositoryIndex", pb.RepositoryIndexRequest()),
+             ("RepositoryModelLoad", pb.RepositoryModelLoadRequest(model_name="nope")),
+             ("RepositoryModelUnload", pb.RepositoryModelUnloadRequest(model_name="nope")),
+             ("SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest()),
+             ("SystemSharedMemoryRegister", pb.SystemSharedMemoryRegisterRequest(name="x")),
+             ("SystemSharedMemoryUnregister", pb.SystemSharedMemoryUnregisterRequest()),
+             ("CudaSharedMemoryStatus", pb.CudaSharedMemoryStatusRequest()),
+             ("CudaSharedMemoryUnregister", pb.CudaSharedMemoryUnregisterRequest()),
+             ("TraceSetting", pb.TraceSettingRequest()), ("LogSettings", pb.LogSettingsRequest())]
+    out = {}
+    with grpc.insecure_channel(url) as channel:
+        stub = rpc.GRPCInferenceServiceStub(channel)
+        for name, request in calls:
+            try:
+                getattr(stub, name)(request, timeout=30)
+                out[name] = "OK"
+            except grpc.RpcError as e:
+                out[name] = (e.code().name, e.details()) if "restricted" in e.details() else "not restricted"
+        try:
+            list(stub.ModelStreamInfer(iter([pb.ModelInferRequest(model_name="add_py")]), timeout=30))
+            out["ModelStreamInfer"] = "OK"
+        except grpc.RpcError as e:
+            out["ModelStreamInfer"] = (e.code().name, e.details())
+    return out
+
+
+def test_restricted_apis_match_for_every_endpoint(tmp_path):
+    """Each API group behind its own header: which endpoint asks for which, and in what words."""
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE_REPO / "add_py", repo / "add_py")
+    args = ["--load-model=add_py"]
+    for group in ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
+                  "statistics", "trace", "logging"):
+        args += [f"--http-restricted-api={group}:k-{group}=v", f"--grpc-restricted-protocol={group}:k-{group}=v"]
+    with contextlib.ExitStack() as stack:
+        ours = ServerProcess([repo], ["--model-control-mode=explicit", *args], tmp_path / "tritonmp.log")
+        stack.callback(ours.cleanup)
+        ref = Reference(repo, tmp_path / "triton.log", tuple(args))
+        stack.callback(lambda: (ref.proc.send_signal(signal.SIGTERM), ref.proc.wait(30), ref.log_file.close()))
+        for server in (ours, ref):  # readiness is restricted too: wait with the header
+            ours.wait_until(lambda s=server: http_request(s.http_port, "GET", "/v2/health/ready",
+                                                          headers={"k-health": "v"})[0] == 200,
+                            timeout=120, what="readiness")
+        answers = []
+        for server in (ours, ref):
+            http = {f"{m} {p}": http_request(server.http_port, m, p, b)[::2] for m, p, b in RESTRICTABLE_HTTP}
+            answers.append((http, _grpc_restricted_answers(f"127.0.0.1:{server.grpc_port}")))
+    assert answers[0] == answers[1]
+    assert all(status == 403 for status, _ in answers[0][0].values())

@@ -10,6 +10,7 @@ import os
 import sys
 
 from . import __version__, triton_flags
+from .restricted import GRPC_HEADER_PREFIX, Restrictions
 
 
 def _bool(text: str) -> bool:
@@ -100,13 +101,11 @@ def serve(argv: list[str]) -> int:
         print(f"tritonmp: cannot open --log-file: {e}", file=sys.stderr)
         return 1
     log = logging.getLogger("tritonmp")
-    refusals = triton_flags.refused(args)
-    if refusals:
-        for line in refusals:
-            log.error("%s", line)
-        return 1
     triton_flags.warn_ignored(args, log)
     try:
+        http_restrictions = Restrictions(args.http_restricted_api, "--http-restricted-api")
+        grpc_restrictions = Restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol",
+                                         GRPC_HEADER_PREFIX)
         max_batch_sizes = triton_flags.default_max_batch_sizes(triton_flags.backend_settings(args.backend_config, log))
         grpcio_options = triton_flags.grpcio_options(args)
     except ValueError as e:
@@ -158,7 +157,8 @@ def serve(argv: list[str]) -> int:
     endpoints = Endpoints(args.http_address, args.http_port, args.allow_http, args.grpc_address, args.grpc_port,
                           args.allow_grpc, tls, args.metrics_address, args.metrics_port, args.allow_metrics,
                           args.allow_cpu_metrics, args.allow_gpu_metrics, max(0.1, args.metrics_interval_ms / 1000),
-                          args.grpc_engine, triton_flags.keepalive(args), grpcio_options)
+                          args.grpc_engine, triton_flags.keepalive(args), grpcio_options, http_restrictions,
+                          grpc_restrictions)
 
     async def main() -> int:
         server = Server(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs,

@@ -235,9 +235,12 @@ class _Call(http2.StreamHandler):
 class GrpcServer:
     """Serves `methods` (full paths such as `/inference.GRPCInferenceService/ModelInfer`)."""
 
-    def __init__(self, methods: dict[str, Method], keepalive: http2.Keepalive | None = None):
+    def __init__(self, methods: dict[str, Method], keepalive: http2.Keepalive | None = None, guard=None):
+        """`guard(path, headers)` may refuse a call before it runs: it returns None, or the
+        RpcError to end the call with."""
         self.methods = {path.encode(): m for path, m in methods.items()}
         self.keepalive = keepalive
+        self.guard = guard
         self.connections: set[http2.Connection] = set()
         self.server: asyncio.AbstractServer | None = None
 
@@ -251,6 +254,10 @@ class GrpcServer:
             path = headers.get(b":path", b"").decode(errors="replace")
             conn.send_headers(stream, status_block(Code.UNIMPLEMENTED, f"Method not found: {path}", trailers_only=True),
                               end_stream=True)
+            return _Ignored()
+        refusal = self.guard(headers[b":path"].decode(), headers.items()) if self.guard is not None else None
+        if refusal is not None:
+            conn.send_headers(stream, status_block(refusal.code, refusal.message, trailers_only=True), end_stream=True)
             return _Ignored()
         return _Call(conn, stream, method)
 

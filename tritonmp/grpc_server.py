@@ -20,6 +20,7 @@ from .dataplane import Dataplane
 from .errors import ServerError, Status
 from .grpc_protocol import Code, GrpcServer, Method, RpcError, server_ssl_context
 from .http2 import Keepalive
+from .restricted import GRPC_GROUP, Restrictions, grpc_message
 
 log = logging.getLogger("tritonmp.grpc")
 
@@ -224,7 +225,7 @@ def methods(service: InferenceService) -> dict[str, Method]:
     return table
 
 
-def _grpcio_handler(method: Method):
+def _grpcio_handler(method: Method, path: str, guard=None):
     """A grpc.aio method handler for one RPC: requests arrive as bytes and are parsed here, so a
     malformed one gets Triton's INTERNAL "Unable to parse request"; RpcError becomes the status."""
 
@@ -251,6 +252,9 @@ def _grpcio_handler(method: Method):
                 yield parse(data)
 
         async def stream(request_iterator, context):
+            refusal = guard(path, context.invocation_metadata() or ()) if guard is not None else None
+            if refusal is not None:
+                await context.abort(grpc.StatusCode[refusal.code.name], refusal.message)
             try:
                 async for response in method.handler(requests(request_iterator)):
                     yield response
@@ -260,6 +264,9 @@ def _grpcio_handler(method: Method):
         return grpc.stream_stream_rpc_method_handler(stream, None, serialize)
 
     async def unary(request, context):
+        refusal = guard(path, context.invocation_metadata() or ()) if guard is not None else None
+        if refusal is not None:
+            await context.abort(grpc.StatusCode[refusal.code.name], refusal.message)
         try:
             return await method.handler(parse(request))
         except Exception as e:
@@ -271,9 +278,9 @@ def _grpcio_handler(method: Method):
 class _GrpcioServer:
     """grpc.aio carrying the same RPCs."""
 
-    def __init__(self, table: dict[str, Method], options: list | None = None):
+    def __init__(self, table: dict[str, Method], options: list | None = None, guard=None):
         self.server = grpc.aio.server(options=UNLIMITED + list(options or []))
-        handlers = {path.rsplit("/", 1)[1]: _grpcio_handler(m) for path, m in table.items()}
+        handlers = {path.rsplit("/", 1)[1]: _grpcio_handler(m, path, guard) for path, m in table.items()}
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
     async def start(self, address: str, port: int, tls: dict | None) -> None:
@@ -302,17 +309,30 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
+def restriction_guard(restrictions: Restrictions | None):
+    """The check of --grpc-restricted-protocol before each call, or None when nothing is restricted."""
+    if not restrictions:
+        return None
+
+    def guard(path: str, headers) -> RpcError | None:
+        header = restrictions.denial(GRPC_GROUP.get(path.rsplit("/", 1)[-1]), headers)
+        return RpcError(Code.UNAVAILABLE, grpc_message(header)) if header else None
+
+    return guard
+
+
 async def start(dataplane: Dataplane, extensions: list[str], address: str, port: int,
                 tls: dict | None = None, engine: str = "builtin", keepalive: Keepalive | None = None,
-                grpcio_options: list | None = None):
+                grpcio_options: list | None = None, restrictions: Restrictions | None = None):
     """A started gRPC server (with `stop(grace)`); `tls` holds server_cert, server_key, root_cert
     and mutual."""
     table = methods(InferenceService(dataplane, extensions))
+    guard = restriction_guard(restrictions)
     if engine == "grpcio":
-        server = _GrpcioServer(table, grpcio_options)
+        server = _GrpcioServer(table, grpcio_options, guard)
         await server.start(address, port, tls)
         return server
-    server = GrpcServer(table, keepalive)
+    server = GrpcServer(table, keepalive, guard)
     context = None
     if tls:
         context = server_ssl_context(tls["server_cert"], tls["server_key"], tls.get("root_cert") or None,

@@ -16,6 +16,7 @@ import orjson
 from . import __version__, generate, http_codec
 from .dataplane import EXTENSIONS, Dataplane
 from .errors import ServerError
+from .restricted import HTTP_GROUP, Restrictions, http_message
 
 log = logging.getLogger("tritonmp.http")
 
@@ -89,8 +90,18 @@ def _error_body(message: str) -> bytes:
 
 
 class HttpApp:
-    def __init__(self, dataplane: Dataplane):
+    def __init__(self, dataplane: Dataplane, restrictions: Restrictions | None = None):
         self.dp = dataplane
+        self.restrictions = restrictions  # --http-restricted-api
+
+    async def _refused(self, handler: str, scope, send) -> bool:
+        """Answer Triton's 403 when the handler's API group is restricted and the header is missing."""
+        if not self.restrictions:
+            return False
+        header = self.restrictions.denial(HTTP_GROUP.get(handler), scope["headers"])
+        if header:
+            await _send(send, 403, _error_body(http_message(header)))
+        return bool(header)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -103,7 +114,8 @@ class HttpApp:
                 if method != "POST":
                     await _send(send, 405, _error_body("Method Not Allowed"), _TEXT)
                     return
-                await self.infer(scope, receive, send, m["model"], m["version"] or "")
+                if not await self._refused("infer", scope, send):
+                    await self.infer(scope, receive, send, m["model"], m["version"] or "")
                 return
             wrong_method = False
             for pattern, want, name in ROUTES:
@@ -112,7 +124,8 @@ class HttpApp:
                     if method != want:
                         wrong_method = True
                         continue
-                    await getattr(self, name)(receive, send, **m.groupdict())
+                    if not await self._refused(name, scope, send):
+                        await getattr(self, name)(receive, send, **m.groupdict())
                     return
             if wrong_method:
                 await _send(send, 405, _error_body("Method Not Allowed"), _TEXT)

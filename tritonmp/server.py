@@ -22,6 +22,7 @@ from .log_settings import LogSettings
 from .metrics import MetricsApp, SystemSampler
 from .model_manager import ModelManager, ServerOptions
 from .response_cache import ResponseCache
+from .restricted import Restrictions
 from .sd_notify import Notifier
 from .tracing import Tracer
 
@@ -46,6 +47,8 @@ class Endpoints:
     grpc_engine: str = "builtin"  # or "grpcio"
     grpc_keepalive: Keepalive | None = None  # the built-in engine's keepalive and connection age
     grpcio_options: list | None = None  # the same, and Triton's HTTP/2 ping settings, for grpc.aio
+    http_restrictions: Restrictions | None = None  # --http-restricted-api
+    grpc_restrictions: Restrictions | None = None  # --grpc-restricted-protocol
 
 
 class _Uvicorn(uvicorn.Server):
@@ -130,7 +133,8 @@ class Server:
     async def _start_frontends(self, models: ModelManager, dataplane: Dataplane) -> None:
         ep = self.endpoints
         if ep.allow_http:
-            self.http, self.http_task = self._serve_asgi(HttpApp(dataplane), ep.http_address, ep.http_port,
+            self.http, self.http_task = self._serve_asgi(HttpApp(dataplane, ep.http_restrictions), ep.http_address,
+                                                         ep.http_port,
                                                          timeout_graceful_shutdown=self.exit_timeout)
             log.info("Started HTTPService at %s:%d", ep.http_address, ep.http_port)
         if ep.allow_metrics:
@@ -141,7 +145,8 @@ class Server:
             log.info("Started Metrics Service at %s:%d", ep.metrics_address, ep.metrics_port)
         if ep.allow_grpc:
             self.grpc = await grpc_frontend.start(dataplane, EXTENSIONS, ep.grpc_address, ep.grpc_port, ep.grpc_tls,
-                                                  ep.grpc_engine, ep.grpc_keepalive, ep.grpcio_options)
+                                                  ep.grpc_engine, ep.grpc_keepalive, ep.grpcio_options,
+                                                  ep.grpc_restrictions)
             log.info("Started GRPCInferenceService at %s:%d", ep.grpc_address, ep.grpc_port)
 
     async def _drain_frontends(self, deadline: float) -> bool:

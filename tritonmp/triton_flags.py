@@ -1,8 +1,7 @@
 """The rest of Triton 2.51's command line: the flags `tritonserver --help` lists beyond those the
 server implements in cli.py. Deployment files written for Triton pass them, so each is accepted.
 Those that mean something here are turned into this server's settings (`apply`); the others are
-logged once each, by name, as accepted and ignored, with the reason. Flags that restrict who may
-call which API are refused instead: ignoring one would leave open what the operator meant to close.
+logged once each, by name, as accepted and ignored, with the reason.
 """
 
 from __future__ import annotations
@@ -53,13 +52,6 @@ IGNORED = {
     "--host-policy": "workers are not pinned to NUMA nodes",
     "--model-load-gpu-limit": "GPU memory is not budgeted per load",
 }
-REPEATABLE = {"--rate-limit-resource", "--host-policy", "--backend-config"}
-# flags that restrict access: never accepted without doing what they say
-REFUSED = {
-    "--http-restricted-api": "restricted APIs are not implemented yet; keep the inference port on a trusted network",
-    "--grpc-restricted-protocol": "restricted protocols are not implemented yet; keep the inference port on a "
-                                  "trusted network",
-}
 # --backend-config settings this server honours, per backend ("" for every backend)
 BACKEND_SETTINGS = {"default-max-batch-size"}
 
@@ -68,8 +60,10 @@ def add_to(parser: argparse.ArgumentParser) -> None:
     """Add Triton's remaining flags to the serve parser."""
     for flag in IGNORED:
         parser.add_argument(flag, action="append", metavar="VALUE", dest=_dest(flag), help=argparse.SUPPRESS)
-    for flag in REFUSED:
-        parser.add_argument(flag, action="append", metavar="VALUE", dest=_dest(flag), help=argparse.SUPPRESS)
+    parser.add_argument("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
+                        help="only requests with the header KEY: VALUE reach these API groups (Triton's flag)")
+    parser.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="PROTOCOLS:KEY=VALUE",
+                        help="only calls with the metadata triton-grpc-protocol-KEY: VALUE reach these groups")
     parser.add_argument("--id", default="triton", help="the server's name in its metadata")
     parser.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]SETTING=VALUE",
                         help="Triton's backend settings: default-max-batch-size is honoured, others are ignored")
@@ -98,11 +92,6 @@ def _bool(text: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
-
-
-def refused(args: argparse.Namespace) -> list[str]:
-    """Errors for the access-restricting flags given."""
-    return [f"{flag} is not supported: {why}" for flag, why in REFUSED.items() if getattr(args, _dest(flag))]
 
 
 GRPCIO_ONLY = {"--grpc-http2-max-pings-without-data", "--grpc-http2-min-recv-ping-interval-without-data",
