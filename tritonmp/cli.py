@@ -84,6 +84,11 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-load-timeout-secs", type=float, default=600.0,
                    help="kill a worker that has not loaded its model after this long, failing the load (0: wait "
                         "forever)")
+    p.add_argument("--http-max-input-size", type=int, default=64 << 20, metavar="BYTES",
+                   help="the largest HTTP request body, as received and as decompressed (413 beyond it)")
+    p.add_argument("--grpc-max-input-size", type=int, default=64 << 20, metavar="BYTES",
+                   help="the largest gRPC request message, as received and as decompressed (RESOURCE_EXHAUSTED "
+                        "beyond it)")
     p.add_argument("--arena-mb", type=int, default=64,
                    help="size of each worker's input and output shared-memory arena, in MiB")
     triton_flags.add_to(p)
@@ -158,7 +163,7 @@ def serve(argv: list[str]) -> int:
                           args.allow_grpc, tls, args.metrics_address, args.metrics_port, args.allow_metrics,
                           args.allow_cpu_metrics, args.allow_gpu_metrics, max(0.1, args.metrics_interval_ms / 1000),
                           args.grpc_engine, triton_flags.keepalive(args), grpcio_options, http_restrictions,
-                          grpc_restrictions)
+                          grpc_restrictions, args.http_max_input_size, args.grpc_max_input_size)
 
     async def main() -> int:
         server = Server(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs,

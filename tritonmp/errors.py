@@ -9,21 +9,23 @@ import enum
 
 
 class Status(enum.Enum):
-    """Triton's error codes (TRITONSERVER_Error_Code), each with its HTTP status."""
+    """Triton's error codes (TRITONSERVER_Error_Code), each with the HTTP status Triton answers it
+    with. Each member is its own: two codes that share an HTTP status stay distinct (an enum of
+    bare HTTP numbers would make them aliases, and UNKNOWN would leave as INVALID_ARG)."""
 
-    UNKNOWN = 400
-    INTERNAL = 500
-    NOT_FOUND = 404
-    INVALID_ARG = 400
-    UNAVAILABLE = 503
-    UNSUPPORTED = 501
-    ALREADY_EXISTS = 409
-    CANCELLED = 499
+    UNKNOWN = ("UNKNOWN", 400)
+    INTERNAL = ("INTERNAL", 500)
+    NOT_FOUND = ("NOT_FOUND", 404)
+    INVALID_ARG = ("INVALID_ARG", 400)
+    UNAVAILABLE = ("UNAVAILABLE", 503)
+    UNSUPPORTED = ("UNSUPPORTED", 501)
+    ALREADY_EXISTS = ("ALREADY_EXISTS", 400)
+    CANCELLED = ("CANCELLED", 400)
+    TOO_LARGE = ("TOO_LARGE", 413)  # a request over a size limit: HTTP 413, gRPC RESOURCE_EXHAUSTED
 
     @property
     def http_status(self) -> int:
-        # Triton answers ALREADY_EXISTS, UNKNOWN and CANCELLED with 400.
-        return 400 if self.value in (409, 499) else self.value
+        return self.value[1]
 
 
 class ServerError(Exception):
@@ -56,3 +58,7 @@ def internal(message: str) -> ServerError:
 
 def unsupported(message: str) -> ServerError:
     return ServerError(message, Status.UNSUPPORTED)
+
+
+def too_large(message: str) -> ServerError:
+    return ServerError(message, Status.TOO_LARGE)

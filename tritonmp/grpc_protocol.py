@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from . import http2
+from .inflate import TooLarge, inflate
 
 log = logging.getLogger("tritonmp.grpc")
 
@@ -89,12 +90,24 @@ def _deadline(value: bytes | None) -> float | None:
     return int(value[:-1]) * _TIMEOUT_UNITS[value[-1:]]
 
 
+class _Compressed:
+    """A compressed request message, not inflated yet."""
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: bytes):
+        self.payload = payload
+
+
 class _Call(http2.StreamHandler):
     """One RPC on one HTTP/2 stream."""
 
-    __slots__ = ("conn", "stream", "method", "buffer", "messages", "task", "encoding", "timeout", "headers_sent")
+    __slots__ = ("conn", "stream", "method", "buffer", "messages", "task", "encoding", "timeout", "headers_sent",
+                 "max_message", "refused")
 
-    def __init__(self, conn: http2.Connection, stream: http2.Stream, method: Method):
+    def __init__(self, conn: http2.Connection, stream: http2.Stream, method: Method, max_message: int = 64 << 20):
+        self.max_message = max_message
+        self.refused = False  # a message over the limit was announced: the rest of the call is dropped
         self.conn = conn
         self.stream = stream
         self.method = method
@@ -111,7 +124,20 @@ class _Call(http2.StreamHandler):
     # ---- from the connection ----
 
     def data(self, chunk: bytes) -> None:
+        if self.refused:
+            return
         self.buffer += chunk
+        if len(self.buffer) >= 5:  # the next message's declared length, checked before it is buffered
+            length = int.from_bytes(self.buffer[1:5], "big")
+            if length > self.max_message:
+                self.refused = True
+                self.buffer = bytearray()
+                if self.task is not None:
+                    self.task.cancel()
+                self._fail(Code.RESOURCE_EXHAUSTED, f"Received message larger than max ({length} vs. "
+                                                    f"{self.max_message})")
+                self.conn.reset_stream(self.stream, http2.NO_ERROR)
+                return
         if self.messages is not None:
             try:
                 for message in self._complete_messages():
@@ -120,6 +146,8 @@ class _Call(http2.StreamHandler):
                 self.messages.put_nowait(e)
 
     def end(self) -> None:
+        if self.refused:
+            return
         if self.messages is not None:
             self.messages.put_nowait(_END)
             return
@@ -148,22 +176,30 @@ class _Call(http2.StreamHandler):
             if len(buf) - pos - 5 < length:
                 break
             payload = bytes(buf[pos + 5:pos + 5 + length])
-            if buf[pos]:
-                payload = self._decompress(payload)
+            compressed = buf[pos]
             pos += 5 + length
-            yield self._parse(payload)
+            # a compressed message is inflated later, in slices, by the call's own task
+            yield _Compressed(payload) if compressed else self._parse(payload)
         del buf[:pos]
+        if len(buf) >= 5 and int.from_bytes(buf[1:5], "big") > self.max_message:
+            raise RpcError(Code.RESOURCE_EXHAUSTED, f"Received message larger than max "
+                                                    f"({int.from_bytes(buf[1:5], 'big')} vs. {self.max_message})")
 
-    def _decompress(self, payload: bytes) -> bytes:
+    async def _message(self, item):
+        """A request message: parsed already, or inflated (bounded, in slices) and parsed now."""
+        if not isinstance(item, _Compressed):
+            return item
+        encoding = self.encoding.decode(errors="replace")
         try:
-            if self.encoding == b"gzip":
-                return zlib.decompress(payload, 16 + zlib.MAX_WBITS)
-            if self.encoding == b"deflate":
-                return zlib.decompress(payload)
+            return self._parse(await inflate(item.payload, encoding, self.max_message))
+        except ValueError:
+            raise RpcError(Code.UNIMPLEMENTED, f"compressed message with unsupported grpc-encoding '{encoding}'") \
+                from None
+        except TooLarge as e:
+            raise RpcError(Code.RESOURCE_EXHAUSTED, f"Received message larger than max ({e.args[0]} vs. "
+                                                    f"{self.max_message}) once decompressed") from None
         except zlib.error as e:
             raise RpcError(Code.INTERNAL, f"could not decompress the request: {e}") from None
-        raise RpcError(Code.UNIMPLEMENTED, f"compressed message with unsupported grpc-encoding "
-                                           f"'{self.encoding.decode(errors='replace')}'")
 
     def _parse(self, payload: bytes):
         try:
@@ -202,7 +238,7 @@ class _Call(http2.StreamHandler):
             self._fail(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}")
 
     async def _unary(self, request) -> None:
-        data = self._frame(await self.method.handler(request))
+        data = self._frame(await self.method.handler(await self._message(request)))
         conn, stream = self.conn, self.stream
         if not conn.try_send_all(stream, RESPONSE_HEADERS, data, OK_TRAILERS):
             conn.send_headers(stream, RESPONSE_HEADERS)
@@ -217,7 +253,7 @@ class _Call(http2.StreamHandler):
                 return
             if isinstance(item, RpcError):
                 raise item
-            yield item
+            yield await self._message(item)
 
     async def _streaming(self) -> None:
         conn, stream = self.conn, self.stream
@@ -235,12 +271,15 @@ class _Call(http2.StreamHandler):
 class GrpcServer:
     """Serves `methods` (full paths such as `/inference.GRPCInferenceService/ModelInfer`)."""
 
-    def __init__(self, methods: dict[str, Method], keepalive: http2.Keepalive | None = None, guard=None):
+    def __init__(self, methods: dict[str, Method], keepalive: http2.Keepalive | None = None, guard=None,
+                 max_message: int = 64 << 20):
         """`guard(path, headers)` may refuse a call before it runs: it returns None, or the
-        RpcError to end the call with."""
+        RpcError to end the call with. `max_message`: the largest request message, as received
+        and as inflated."""
         self.methods = {path.encode(): m for path, m in methods.items()}
         self.keepalive = keepalive
         self.guard = guard
+        self.max_message = max_message
         self.connections: set[http2.Connection] = set()
         self.server: asyncio.AbstractServer | None = None
 
@@ -259,7 +298,7 @@ class GrpcServer:
         if refusal is not None:
             conn.send_headers(stream, status_block(refusal.code, refusal.message, trailers_only=True), end_stream=True)
             return _Ignored()
-        return _Call(conn, stream, method)
+        return _Call(conn, stream, method, self.max_message)
 
     def _connection(self) -> http2.Connection:
         conn = http2.Connection(self._open_stream, on_close=self.connections.discard, keepalive=self.keepalive)

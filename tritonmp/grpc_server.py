@@ -36,8 +36,9 @@ CODE_OF = {
     Status.UNSUPPORTED: Code.UNIMPLEMENTED,
     Status.ALREADY_EXISTS: Code.ALREADY_EXISTS,
     Status.CANCELLED: Code.CANCELLED,
+    Status.TOO_LARGE: Code.RESOURCE_EXHAUSTED,
 }
-UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+DEFAULT_MAX_INPUT_SIZE = 64 << 20  # --grpc-max-input-size
 
 
 class InferenceService:
@@ -278,8 +279,10 @@ def _grpcio_handler(method: Method, path: str, guard=None):
 class _GrpcioServer:
     """grpc.aio carrying the same RPCs."""
 
-    def __init__(self, table: dict[str, Method], options: list | None = None, guard=None):
-        self.server = grpc.aio.server(options=UNLIMITED + list(options or []))
+    def __init__(self, table: dict[str, Method], options: list | None = None, guard=None,
+                 max_input_size: int = DEFAULT_MAX_INPUT_SIZE):
+        limits = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", max_input_size)]
+        self.server = grpc.aio.server(options=limits + list(options or []))
         handlers = {path.rsplit("/", 1)[1]: _grpcio_handler(m, path, guard) for path, m in table.items()}
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
@@ -323,16 +326,17 @@ def restriction_guard(restrictions: Restrictions | None):
 
 async def start(dataplane: Dataplane, extensions: list[str], address: str, port: int,
                 tls: dict | None = None, engine: str = "builtin", keepalive: Keepalive | None = None,
-                grpcio_options: list | None = None, restrictions: Restrictions | None = None):
+                grpcio_options: list | None = None, restrictions: Restrictions | None = None,
+                max_input_size: int = DEFAULT_MAX_INPUT_SIZE):
     """A started gRPC server (with `stop(grace)`); `tls` holds server_cert, server_key, root_cert
     and mutual."""
     table = methods(InferenceService(dataplane, extensions))
     guard = restriction_guard(restrictions)
     if engine == "grpcio":
-        server = _GrpcioServer(table, grpcio_options, guard)
+        server = _GrpcioServer(table, grpcio_options, guard, max_input_size)
         await server.start(address, port, tls)
         return server
-    server = GrpcServer(table, keepalive, guard)
+    server = GrpcServer(table, keepalive, guard, max_input_size)
     context = None
     if tls:
         context = server_ssl_context(tls["server_cert"], tls["server_key"], tls.get("root_cert") or None,

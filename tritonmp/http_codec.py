@@ -10,21 +10,7 @@ import orjson
 
 from . import datatypes
 from .core import InferRequest, InferResponse, RequestedOutput, Tensor
-from .errors import invalid, unsupported
-
-
-def decompress(body: bytes, encoding: str) -> bytes:
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    try:
-        if encoding == "gzip":
-            return zlib.decompress(body, 16 + zlib.MAX_WBITS)
-        if encoding == "deflate":
-            return zlib.decompress(body)
-    except zlib.error as e:
-        raise invalid(f"failed to decompress the request body ({encoding}): {e}") from None
-    raise unsupported(f"unsupported Content-Encoding '{encoding}'; use gzip or deflate")
+from .errors import invalid
 
 
 def compress(body: bytes, accept_encoding: str) -> tuple[bytes, str]:

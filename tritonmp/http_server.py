@@ -10,12 +10,14 @@ import base64
 import binascii
 import logging
 import re
+import zlib
 
 import orjson
 
 from . import __version__, generate, http_codec
 from .dataplane import EXTENSIONS, Dataplane
-from .errors import ServerError
+from .errors import ServerError, invalid, too_large, unsupported
+from .inflate import TooLarge, inflate
 from .restricted import HTTP_GROUP, Restrictions, http_message
 
 log = logging.getLogger("tritonmp.http")
@@ -54,24 +56,6 @@ ROUTES = [
 ]
 
 
-async def _read_body(receive) -> bytes:
-    chunks = []
-    more = True
-    while more:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ConnectionError("client went away")
-        chunks.append(message.get("body", b""))
-        more = message.get("more_body", False)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-async def _json_body(receive) -> dict:
-    """A request body that is a JSON object, or {} when empty."""
-    body = await _read_body(receive)
-    return http_codec.json_object(body) if body.strip() else {}
-
-
 async def _send(send, status: int, body: bytes, headers=_JSON) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [*headers, (b"content-length", str(len(body)).encode())]})
@@ -89,10 +73,55 @@ def _error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
 
+DEFAULT_MAX_INPUT_SIZE = 64 << 20  # --http-max-input-size, as later Triton releases name it
+
+
 class HttpApp:
-    def __init__(self, dataplane: Dataplane, restrictions: Restrictions | None = None):
+    def __init__(self, dataplane: Dataplane, restrictions: Restrictions | None = None,
+                 max_input_size: int = DEFAULT_MAX_INPUT_SIZE):
         self.dp = dataplane
         self.restrictions = restrictions  # --http-restricted-api
+        self.max_input_size = max_input_size  # a request body's bytes, as received and as inflated
+
+    def _too_large(self, size: int, what: str = "Request body") -> ServerError:
+        return too_large(f"{what} of {size} bytes exceeds the maximum allowed value of {self.max_input_size} "
+                         "bytes; use --http-max-input-size to raise the limit")
+
+    async def _read_body(self, receive) -> bytes:
+        """The whole body, refused with 413 as soon as it passes the limit (a declared
+        Content-Length over it is refused before anything is read)."""
+        chunks = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ConnectionError("client went away")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_input_size:
+                raise self._too_large(size)
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _json_body(self, receive) -> dict:
+        """A request body that is a JSON object, or {} when empty."""
+        body = await self._read_body(receive)
+        return http_codec.json_object(body) if body.strip() else {}
+
+    async def _inflate(self, body: bytes, encoding: str) -> bytes:
+        encoding = encoding.strip().lower()
+        if encoding in ("", "identity"):
+            return body
+        try:
+            return await inflate(body, encoding, self.max_input_size)
+        except ValueError:
+            raise unsupported(f"unsupported Content-Encoding '{encoding}'; use gzip or deflate") from None
+        except TooLarge as e:
+            raise self._too_large(e.args[0], "The decompressed request body") from None
+        except zlib.error as e:
+            raise invalid(f"failed to decompress the request body ({encoding}): {e}") from None
 
     async def _refused(self, handler: str, scope, send) -> bool:
         """Answer Triton's 403 when the handler's API group is restricted and the header is missing."""
@@ -109,6 +138,9 @@ class HttpApp:
         path = scope["path"]
         method = scope["method"]
         try:
+            for key, value in scope["headers"]:
+                if key == b"content-length" and value.isdigit() and int(value) > self.max_input_size:
+                    raise self._too_large(int(value))  # refused before a byte of it is read
             m = INFER.fullmatch(path)
             if m is not None:
                 if method != "POST":
@@ -174,7 +206,7 @@ class HttpApp:
         return generate.decode(doc, model, version or "", mv.inputs, mv.max_batch_size)
 
     async def generate(self, receive, send, model: str, version: str | None) -> None:
-        request = self._generate_request(await _json_body(receive), model, version)
+        request = self._generate_request(await self._json_body(receive), model, version)
         responses = []
         async for item in self.dp.infer_stream(request):
             if isinstance(item, ServerError):
@@ -188,7 +220,7 @@ class HttpApp:
 
     async def generate_stream(self, receive, send, model: str, version: str | None) -> None:
         """Server-sent events, one `data:` line per response; an error ends the stream as an event."""
-        request = self._generate_request(await _json_body(receive), model, version)
+        request = self._generate_request(await self._json_body(receive), model, version)
         stream = _with_data(self.dp.infer_stream(request))
         first = await anext(stream, None)  # errors before any response still get a status code
         if isinstance(first, ServerError):
@@ -208,7 +240,7 @@ class HttpApp:
         await _send(send, 200, orjson.dumps(self.dp.trace_settings(model)))
 
     async def trace_update(self, receive, send, model: str = "") -> None:
-        doc = await _json_body(receive)
+        doc = await self._json_body(receive)
         await _send(send, 200, orjson.dumps(self.dp.update_trace_settings(doc, model)))
 
     # -- logging -----------------------------------------------------------------------------
@@ -216,15 +248,15 @@ class HttpApp:
         await _send(send, 200, orjson.dumps(self.dp.log_settings.settings))
 
     async def logging_update(self, receive, send) -> None:
-        await _send(send, 200, orjson.dumps(self.dp.log_settings.update(await _json_body(receive))))
+        await _send(send, 200, orjson.dumps(self.dp.log_settings.update(await self._json_body(receive))))
 
     # -- the repository API ------------------------------------------------------------------
     async def repository_index(self, receive, send) -> None:
-        doc = await _json_body(receive)
+        doc = await self._json_body(receive)
         await _send(send, 200, orjson.dumps(self.dp.repository_index(bool(doc.get("ready", False)))))
 
     async def repository_load(self, receive, send, model: str) -> None:
-        params = (await _json_body(receive)).get("parameters") or {}
+        params = (await self._json_body(receive)).get("parameters") or {}
         if not isinstance(params, dict):
             raise ServerError("'parameters' must be a JSON object")
         decoded = {}
@@ -239,7 +271,7 @@ class HttpApp:
         await _send(send, 200, b"")
 
     async def repository_unload(self, receive, send, model: str) -> None:
-        params = (await _json_body(receive)).get("parameters") or {}
+        params = (await self._json_body(receive)).get("parameters") or {}
         await self.dp.unload_model(model, params if isinstance(params, dict) else {})
         await _send(send, 200, b"")
 
@@ -253,7 +285,7 @@ class HttpApp:
         await _send(send, 200, orjson.dumps(doc))
 
     async def shm_register(self, receive, send, kind: str, region: str) -> None:
-        doc = await _json_body(receive)
+        doc = await self._json_body(receive)
         if kind == "cuda":
             handle = doc.get("raw_handle")
             try:
@@ -273,7 +305,7 @@ class HttpApp:
         await _send(send, 200, b"", _TEXT)
 
     async def shm_unregister(self, receive, send, kind: str, region: str | None) -> None:
-        await _read_body(receive)
+        await self._read_body(receive)
         self.dp.shm.unregister(region or "", kind)
         await _send(send, 200, b"", _TEXT)
 
@@ -292,9 +324,9 @@ class HttpApp:
                 content_encoding = value.decode("latin-1")
             elif key == b"accept-encoding":
                 accept_encoding = value.decode("latin-1")
-        body = await _read_body(receive)
+        body = await self._read_body(receive)
         if content_encoding:
-            body = http_codec.decompress(body, content_encoding)
+            body = await self._inflate(body, content_encoding)
         request, binary_default = http_codec.decode_infer(body, header_length, model, version)
         response = await self.dp.infer(request, "HTTP end point")
         out, json_length = http_codec.encode_infer(response, request, binary_default)

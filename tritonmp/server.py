@@ -49,6 +49,8 @@ class Endpoints:
     grpcio_options: list | None = None  # the same, and Triton's HTTP/2 ping settings, for grpc.aio
     http_restrictions: Restrictions | None = None  # --http-restricted-api
     grpc_restrictions: Restrictions | None = None  # --grpc-restricted-protocol
+    http_max_input_size: int = 64 << 20
+    grpc_max_input_size: int = 64 << 20
 
 
 class _Uvicorn(uvicorn.Server):
@@ -133,8 +135,8 @@ class Server:
     async def _start_frontends(self, models: ModelManager, dataplane: Dataplane) -> None:
         ep = self.endpoints
         if ep.allow_http:
-            self.http, self.http_task = self._serve_asgi(HttpApp(dataplane, ep.http_restrictions), ep.http_address,
-                                                         ep.http_port,
+            app = HttpApp(dataplane, ep.http_restrictions, ep.http_max_input_size)
+            self.http, self.http_task = self._serve_asgi(app, ep.http_address, ep.http_port,
                                                          timeout_graceful_shutdown=self.exit_timeout)
             log.info("Started HTTPService at %s:%d", ep.http_address, ep.http_port)
         if ep.allow_metrics:
@@ -146,7 +148,7 @@ class Server:
         if ep.allow_grpc:
             self.grpc = await grpc_frontend.start(dataplane, EXTENSIONS, ep.grpc_address, ep.grpc_port, ep.grpc_tls,
                                                   ep.grpc_engine, ep.grpc_keepalive, ep.grpcio_options,
-                                                  ep.grpc_restrictions)
+                                                  ep.grpc_restrictions, ep.grpc_max_input_size)
             log.info("Started GRPCInferenceService at %s:%d", ep.grpc_address, ep.grpc_port)
 
     async def _drain_frontends(self, deadline: float) -> bool:

@@ -1,0 +1,128 @@
+"""Hostile and careless clients: decompression bombs, huge declared sizes and oversized messages are
+refused before the server allocates them, without stalling other clients; the frontend's memory
+stays bounded afterwards."""
+
+import gzip
+import http.client
+import socket
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2 as pb
+
+from conftest import add_inputs, http_request
+
+SERVICE = "/inference.GRPCInferenceService/"
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+class HealthProbe:
+    """Calls /v2/health/live in a loop from a thread of its own, keeping the slowest answer."""
+
+    def __init__(self, port: int):
+        self.port, self.slowest, self.calls, self.stop = port, 0.0, 0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self.stop.is_set():
+            started = time.perf_counter()
+            assert http_request(self.port, "GET", "/v2/health/live")[0] == 200
+            self.slowest = max(self.slowest, time.perf_counter() - started)
+            self.calls += 1
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def bomb():
+    """256 MiB of zeros, gzipped to a few hundred KiB."""
+    return gzip.compress(bytes(256 << 20), compresslevel=9)
+
+
+def test_http_decompression_bomb_is_refused_at_the_limit_without_stalling_others(server, bomb):
+    rss_before = _rss_mib(server.pid)
+    with HealthProbe(server.http_port) as probe:
+        for _ in range(3):
+            status, _, raw = http_request(server.http_port, "POST", "/v2/models/add_py/infer", bomb,
+                                          {"Content-Encoding": "gzip", "Content-Type": "application/json"})
+            assert status == 413, raw
+            assert b"The decompressed request body" in raw and b"--http-max-input-size" in raw
+    print(f"slowest health call while bombs were refused: {probe.slowest * 1000:.1f} ms over {probe.calls} calls")
+    assert probe.calls > 0 and probe.slowest < 1.0  # a bomb never holds the event loop (was 19 s)
+    assert _rss_mib(server.pid) - rss_before < 300  # at most the limit was ever inflated
+    a = np.ones((1, 3), np.float32)
+    assert grpcclient.InferenceServerClient(server.grpc_url).infer("add", add_inputs(grpcclient, a)) is not None
+
+
+def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(server):
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as s:
+        s.sendall(b"POST /v2/models/add_py/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 99999999999\r\n\r\n")
+        head = s.recv(65536)  # answered at once: the server does not wait for 93 GiB
+    assert head.startswith(b"HTTP/1.1 413"), head
+    assert b"99999999999 bytes exceeds the maximum allowed value" in head
+
+
+def test_bodies_over_a_small_limit_are_refused_as_received_and_as_inflated(start_server, example_repo):
+    server = start_server([example_repo], "--http-max-input-size=65536")
+    big = b'{"inputs": [' + b" " * 70000 + b"]}"
+    status, _, raw = server.post("/v2/models/add_py/infer", big)
+    assert status == 413 and b"Request body of 70014 bytes" in raw  # its Content-Length, before it is read
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    try:  # chunked, so no length is declared: refused as it arrives
+        conn.request("POST", "/v2/models/add_py/infer", body=iter([big[:40000], big[40000:]]), encode_chunked=True)
+        response = conn.getresponse()
+        assert response.status == 413 and b"exceeds the maximum allowed value of 65536" in response.read()
+    finally:
+        conn.close()
+    status, _, raw = server.post("/v2/models/add_py/infer", gzip.compress(big),
+                                 {"Content-Encoding": "gzip"})
+    assert status == 413 and b"The decompressed request body" in raw
+    status, _, raw = server.post("/v2/repository/index", big)  # every endpoint, not only infer
+    assert status == 413
+    status, _, raw = server.post("/v2/models/add_py/infer", gzip.compress(b"{}")[:-8], {"Content-Encoding": "gzip"})
+    assert status == 400 and b"failed to decompress" in raw  # a truncated stream, not a crash
+    assert server.get("/v2/health/ready")[0] == 200
+
+
+def _infer_message(nbytes: int) -> bytes:
+    request = pb.ModelInferRequest(model_name="add")
+    request.inputs.add(name="A", datatype="FP32", shape=[1, 3])
+    request.inputs.add(name="B", datatype="FP32", shape=[1, 3])
+    request.raw_input_contents.extend([bytes(nbytes), bytes(12)])
+    return request.SerializeToString()
+
+
+@pytest.mark.parametrize("engine", ["builtin", "grpcio"])
+def test_grpc_messages_over_the_limit_as_sent_and_as_inflated(start_server, example_repo, engine):
+    server = start_server([example_repo], "--grpc-max-input-size=1048576", "--grpc-engine", engine)
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.unary_unary(SERVICE + "ModelInfer")
+        with pytest.raises(grpc.RpcError) as e:
+            call(_infer_message(2 << 20), timeout=30)  # 2 MiB on the wire
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "larger than max" in e.value.details()
+        with pytest.raises(grpc.RpcError) as e:  # 64 MiB once inflated, a few KiB on the wire
+            call(_infer_message(64 << 20), timeout=60, compression=grpc.Compression.Gzip)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert channel.unary_unary(SERVICE + "ServerLive")(b"", timeout=10) == b"\x08\x01"  # the server serves on
+    a = np.ones((1, 3), np.float32)
+    np.testing.assert_array_equal(
+        grpcclient.InferenceServerClient(server.grpc_url).infer("add", add_inputs(grpcclient, a)).as_numpy("C"), 2 * a)
