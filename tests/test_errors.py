@@ -5,6 +5,7 @@ import threading
 import numpy as np
 import orjson
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -129,6 +130,19 @@ def test_model_error_response_keeps_its_status(server):
         {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]}))
     assert status == 400
     assert orjson.loads(raw)["error"] == "X = 1 is not a valid input"
+
+
+def test_a_models_unknown_error_stays_unknown(server):
+    """UNKNOWN and INVALID_ARG share HTTP 400 but are different codes: gRPC tells them apart."""
+    x = grpcclient.InferInput("X", [1], "FP32")
+    for value, code in ((3, "StatusCode.UNKNOWN"), (1, "StatusCode.INVALID_ARGUMENT")):
+        x.set_data_from_numpy(np.array([value], np.float32))
+        with pytest.raises(InferenceServerException) as e:
+            grpcclient.InferenceServerClient(server.grpc_url).infer("fail", [x])
+        assert e.value.status() == code
+    status, _, raw = server.post("/v2/models/fail/infer", orjson.dumps(
+        {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [3]}]}))
+    assert (status, orjson.loads(raw)["error"]) == (400, "X = 3 is a mystery")
 
 
 def test_model_output_of_the_wrong_datatype_is_an_error(server):

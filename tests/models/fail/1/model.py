@@ -1,4 +1,5 @@
-"""X = 0 raises from execute(); X = 1 answers with a TritonError; X = 2 returns the wrong dtype."""
+"""X = 0 raises from execute(); X = 1 answers with a TritonError (INVALID_ARG), X = 3 with one of code
+UNKNOWN; X = 2 returns the wrong dtype."""
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -12,6 +13,9 @@ class TritonPythonModel:
                 raise pb_utils.TritonModelException("the model refused X = 0")
             if x[0] == 1:
                 error = pb_utils.TritonError("X = 1 is not a valid input", pb_utils.TritonError.INVALID_ARG)
+                responses.append(pb_utils.InferenceResponse(error=error))
+            elif x[0] == 3:
+                error = pb_utils.TritonError("X = 3 is a mystery", pb_utils.TritonError.UNKNOWN)
                 responses.append(pb_utils.InferenceResponse(error=error))
             elif x[0] == 2:
                 responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x.astype(np.float64))]))
