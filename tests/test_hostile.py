@@ -126,3 +126,72 @@ def test_grpc_messages_over_the_limit_as_sent_and_as_inflated(start_server, exam
     a = np.ones((1, 3), np.float32)
     np.testing.assert_array_equal(
         grpcclient.InferenceServerClient(server.grpc_url).infer("add", add_inputs(grpcclient, a)).as_numpy("C"), 2 * a)
+
+
+def _closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") -> float:
+    """Seconds until the server closes `sock` (sending `trickle` every 0.2 s meanwhile); fails after `seconds`."""
+    started = time.monotonic()
+    sock.settimeout(0.2)
+    while time.monotonic() - started < seconds:
+        try:
+            if trickle:
+                sock.sendall(trickle)
+            if sock.recv(65536) == b"":
+                return time.monotonic() - started
+        except TimeoutError:
+            continue
+        except (ConnectionResetError, BrokenPipeError):
+            return time.monotonic() - started
+    raise AssertionError(f"the server kept the connection open for {seconds} s")
+
+
+@pytest.fixture
+def strict_server(start_server, example_repo):
+    return start_server([example_repo], "--http-header-timeout-secs=1", "--http-body-timeout-secs=1",
+                        "--max-connections=40")
+
+
+def test_slow_headers_stalled_bodies_and_silent_connections_are_closed(strict_server):
+    server = strict_server
+    port = server.http_port
+    silent = socket.create_connection(("127.0.0.1", port))
+    trickling = socket.create_connection(("127.0.0.1", port))
+    trickling.sendall(b"POST /v2/models/add_py/infer HTTP/1.1\r\nHost: x\r\n")
+    stalled = socket.create_connection(("127.0.0.1", port))
+    stalled.sendall(b"POST /v2/models/add_py/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"inp")
+    grpc_silent = socket.create_connection(("127.0.0.1", server.grpc_port))
+    try:
+        a = np.ones((1, 3), np.float32)
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        assert client.infer("add", add_inputs(grpcclient, a)) is not None  # others are served meanwhile
+        assert _closed_within(trickling, 10, b"X-Slow: 1\r\n") < 5  # trickling headers does not extend it
+        for sock in (silent, stalled, grpc_silent):
+            assert _closed_within(sock, 10) < 5
+    finally:
+        for sock in (silent, trickling, stalled, grpc_silent):
+            sock.close()
+    assert server.get("/v2/health/ready")[0] == 200
+
+
+def test_connections_past_the_cap_are_closed_at_once_and_the_server_recovers(strict_server):
+    server = strict_server
+    socks = []
+    try:
+        for _ in range(60):
+            socks.append(socket.create_connection(("127.0.0.1", server.http_port)))
+        closed = 0
+        for sock in socks:
+            sock.settimeout(0.5)
+            try:
+                if sock.recv(1) == b"":
+                    closed += 1
+            except TimeoutError:
+                pass
+            except ConnectionResetError:
+                closed += 1
+        assert closed >= 20  # the ones past the 40 allowed
+    finally:
+        for sock in socks:
+            sock.close()
+    # the idle ones go after the header deadline; real clients are served again
+    server.wait_until(lambda: server.get("/v2/health/ready")[0] == 200, timeout=30, what="service after the flood")

@@ -10,6 +10,7 @@ import os
 import sys
 
 from . import __version__, triton_flags
+from .http_protocol import Limits
 from .restricted import GRPC_HEADER_PREFIX, Restrictions
 
 
@@ -86,6 +87,15 @@ def serve_parser() -> argparse.ArgumentParser:
                         "forever)")
     p.add_argument("--http-max-input-size", type=int, default=64 << 20, metavar="BYTES",
                    help="the largest HTTP request body, as received and as decompressed (413 beyond it)")
+    p.add_argument("--http-header-timeout-secs", type=float, default=10.0,
+                   help="close a connection that has not sent a request's headers within this (0: no limit)")
+    p.add_argument("--http-body-timeout-secs", type=float, default=60.0,
+                   help="close a connection whose request body stalls this long (0: no limit)")
+    p.add_argument("--http-keepalive-timeout-secs", type=float, default=5.0,
+                   help="close an idle keep-alive connection after this long")
+    p.add_argument("--max-connections", type=int, default=0,
+                   help="open connections per listener (HTTP, gRPC, metrics) beyond which new ones are closed at "
+                        "once (0: half the process's file-descriptor limit)")
     p.add_argument("--grpc-max-input-size", type=int, default=64 << 20, metavar="BYTES",
                    help="the largest gRPC request message, as received and as decompressed (RESOURCE_EXHAUSTED "
                         "beyond it)")
@@ -163,7 +173,10 @@ def serve(argv: list[str]) -> int:
                           args.allow_grpc, tls, args.metrics_address, args.metrics_port, args.allow_metrics,
                           args.allow_cpu_metrics, args.allow_gpu_metrics, max(0.1, args.metrics_interval_ms / 1000),
                           args.grpc_engine, triton_flags.keepalive(args), grpcio_options, http_restrictions,
-                          grpc_restrictions, args.http_max_input_size, args.grpc_max_input_size)
+                          grpc_restrictions, http_max_input_size=args.http_max_input_size,
+                          grpc_max_input_size=args.grpc_max_input_size,
+                          http_limits=Limits(args.http_header_timeout_secs, args.http_body_timeout_secs,
+                                             args.http_keepalive_timeout_secs, args.max_connections))
 
     async def main() -> int:
         server = Server(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs,

@@ -272,7 +272,7 @@ class GrpcServer:
     """Serves `methods` (full paths such as `/inference.GRPCInferenceService/ModelInfer`)."""
 
     def __init__(self, methods: dict[str, Method], keepalive: http2.Keepalive | None = None, guard=None,
-                 max_message: int = 64 << 20):
+                 max_message: int = 64 << 20, max_connections: int = 0):
         """`guard(path, headers)` may refuse a call before it runs: it returns None, or the
         RpcError to end the call with. `max_message`: the largest request message, as received
         and as inflated."""
@@ -280,6 +280,7 @@ class GrpcServer:
         self.keepalive = keepalive
         self.guard = guard
         self.max_message = max_message
+        self.max_connections = max_connections  # 0: no cap
         self.connections: set[http2.Connection] = set()
         self.server: asyncio.AbstractServer | None = None
 
@@ -301,8 +302,14 @@ class GrpcServer:
         return _Call(conn, stream, method, self.max_message)
 
     def _connection(self) -> http2.Connection:
-        conn = http2.Connection(self._open_stream, on_close=self.connections.discard, keepalive=self.keepalive)
-        self.connections.add(conn)
+        refuse = bool(self.max_connections) and len(self.connections) >= self.max_connections
+        if refuse:
+            log.warning("refusing a gRPC connection: %d are open, the limit is %d", len(self.connections),
+                        self.max_connections)
+        conn = http2.Connection(self._open_stream, on_close=self.connections.discard, keepalive=self.keepalive,
+                                refuse=refuse)
+        if not refuse:
+            self.connections.add(conn)
         return conn
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> None:

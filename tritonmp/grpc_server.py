@@ -327,7 +327,7 @@ def restriction_guard(restrictions: Restrictions | None):
 async def start(dataplane: Dataplane, extensions: list[str], address: str, port: int,
                 tls: dict | None = None, engine: str = "builtin", keepalive: Keepalive | None = None,
                 grpcio_options: list | None = None, restrictions: Restrictions | None = None,
-                max_input_size: int = DEFAULT_MAX_INPUT_SIZE):
+                max_input_size: int = DEFAULT_MAX_INPUT_SIZE, max_connections: int = 0):
     """A started gRPC server (with `stop(grace)`); `tls` holds server_cert, server_key, root_cert
     and mutual."""
     table = methods(InferenceService(dataplane, extensions))
@@ -336,7 +336,7 @@ async def start(dataplane: Dataplane, extensions: list[str], address: str, port:
         server = _GrpcioServer(table, grpcio_options, guard, max_input_size)
         await server.start(address, port, tls)
         return server
-    server = GrpcServer(table, keepalive, guard, max_input_size)
+    server = GrpcServer(table, keepalive, guard, max_input_size, max_connections)
     context = None
     if tls:
         context = server_ssl_context(tls["server_cert"], tls["server_key"], tls.get("root_cert") or None,

@@ -143,6 +143,7 @@ class Keepalive:
     without_calls: bool = False
     max_age: float = 0.0
     max_age_grace: float = 0.0
+    preface_timeout: float = 10.0  # a new connection must open with HTTP/2's preface within this (0: no limit)
 
 
 KEEPALIVE_PING = b"tmp-keep"  # the opaque data of the server's own keepalive PINGs
@@ -152,10 +153,11 @@ class Connection(asyncio.Protocol):
     """One client connection. `open_stream(connection, stream)` is called once a request's headers
     are complete and returns the stream's handler (it may answer at once, e.g. with an error)."""
 
-    def __init__(self, open_stream, on_close=None, keepalive: Keepalive | None = None):
+    def __init__(self, open_stream, on_close=None, keepalive: Keepalive | None = None, refuse: bool = False):
         self.open_stream = open_stream
         self.on_close = on_close
         self.keepalive = keepalive or Keepalive()
+        self.refuse = refuse  # over the listener's connection limit: closed as soon as it opens
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.heard = 0.0  # when the client last sent anything (loop time)
         self.transport: asyncio.Transport | None = None
@@ -195,6 +197,10 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if self.refuse:
+            self.closed = True
+            transport.abort()
+            return
         settings = b"".join(_SETTING.pack(k, v) for k, v in (
             (SETTINGS_ENABLE_PUSH, 0), (SETTINGS_INITIAL_WINDOW_SIZE, RECV_STREAM_WINDOW),
             (SETTINGS_MAX_FRAME_SIZE, RECV_FRAME_SIZE), (SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST)))
@@ -206,6 +212,13 @@ class Connection(asyncio.Protocol):
             self.timers["ping"] = loop.call_later(self.keepalive.time, self._keepalive_ping)
         if self.keepalive.max_age > 0:
             self.timers["age"] = loop.call_later(self.keepalive.max_age, self._aged)
+        if self.keepalive.preface_timeout > 0:
+            self.timers["preface"] = loop.call_later(self.keepalive.preface_timeout, self._no_preface)
+
+    def _no_preface(self) -> None:
+        if not self.preface_seen and not self.closed:
+            log.info("closing a gRPC connection that sent no HTTP/2 preface within %gs", self.keepalive.preface_timeout)
+            self._close()
 
     # ---- keepalive and connection age ----
 
@@ -249,6 +262,8 @@ class Connection(asyncio.Protocol):
                     raise ProtocolError("not an HTTP/2 connection preface")
                 del buf[:len(PREFACE)]
                 self.preface_seen = True
+                if "preface" in self.timers:
+                    self.timers.pop("preface").cancel()
             pos = 0
             end = len(buf)
             while end - pos >= 9:

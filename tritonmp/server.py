@@ -17,6 +17,7 @@ from . import arena
 from . import grpc_server as grpc_frontend
 from .dataplane import EXTENSIONS, Dataplane
 from .http2 import Keepalive
+from .http_protocol import Limits, default_max_connections, protocol_class
 from .http_server import HttpApp
 from .log_settings import LogSettings
 from .metrics import MetricsApp, SystemSampler
@@ -50,6 +51,7 @@ class Endpoints:
     http_restrictions: Restrictions | None = None  # --http-restricted-api
     grpc_restrictions: Restrictions | None = None  # --grpc-restricted-protocol
     http_max_input_size: int = 64 << 20
+    http_limits: Limits = Limits()  # header and body deadlines, keep-alive, connections per listener
     grpc_max_input_size: int = 64 << 20
 
 
@@ -124,10 +126,11 @@ class Server:
         self.stop_requested.set()
 
     def _serve_asgi(self, app, address: str, port: int, **options) -> tuple[_Uvicorn, asyncio.Task]:
-        """An ASGI app on uvicorn in this loop. The socket is bound here, so the port listens (and a
-        busy port fails) before serving starts."""
-        config = uvicorn.Config(app, loop="none", http="httptools", lifespan="off", access_log=False,
-                                log_level="warning", **options)
+        """An ASGI app on uvicorn in this loop, with the server's HTTP limits. The socket is bound
+        here, so the port listens (and a busy port fails) before serving starts."""
+        limits = self.endpoints.http_limits
+        config = uvicorn.Config(app, loop="none", http=protocol_class(limits), lifespan="off", access_log=False,
+                                log_level="warning", timeout_keep_alive=limits.keepalive_timeout, **options)
         sock = socket.create_server((address, port), backlog=4096)
         server = _Uvicorn(config)
         return server, asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
@@ -148,7 +151,8 @@ class Server:
         if ep.allow_grpc:
             self.grpc = await grpc_frontend.start(dataplane, EXTENSIONS, ep.grpc_address, ep.grpc_port, ep.grpc_tls,
                                                   ep.grpc_engine, ep.grpc_keepalive, ep.grpcio_options,
-                                                  ep.grpc_restrictions, ep.grpc_max_input_size)
+                                                  ep.grpc_restrictions, ep.grpc_max_input_size,
+                                                  ep.http_limits.max_connections or default_max_connections())
             log.info("Started GRPCInferenceService at %s:%d", ep.grpc_address, ep.grpc_port)
 
     async def _drain_frontends(self, deadline: float) -> bool:

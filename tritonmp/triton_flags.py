@@ -139,7 +139,7 @@ def default_max_batch_sizes(settings: dict[str, dict[str, str]]) -> dict[str, in
 def keepalive(args: argparse.Namespace) -> Keepalive:
     return Keepalive(args.grpc_keepalive_time / 1000, args.grpc_keepalive_timeout / 1000,
                      args.grpc_keepalive_permit_without_calls, args.grpc_max_connection_age / 1000,
-                     args.grpc_max_connection_age_grace / 1000)
+                     args.grpc_max_connection_age_grace / 1000, args.http_header_timeout_secs)
 
 
 def grpcio_options(args: argparse.Namespace) -> list[tuple[str, int]]:
