@@ -195,3 +195,44 @@ def test_connections_past_the_cap_are_closed_at_once_and_the_server_recovers(str
             sock.close()
     # the idle ones go after the header deadline; real clients are served again
     server.wait_until(lambda: server.get("/v2/health/ready")[0] == 200, timeout=30, what="service after the flood")
+
+
+@pytest.mark.parametrize("model", ["add", "add_py"])
+def test_a_region_shrunk_or_unlinked_by_its_client_fails_the_request_not_the_worker(start_server, example_repo,
+                                                                                    model, request):
+    import os
+
+    import tritonclient.http as httpclient
+    import tritonclient.utils.shared_memory as shm
+
+    server = start_server([example_repo], "--allow-client-shm=true")
+    client = httpclient.InferenceServerClient(server.url)
+    a = np.arange(3, dtype=np.float32).reshape(1, 3)
+    key = f"/hostile-{model}-{request.node.name[-8:]}"
+    handle = shm.create_shared_memory_region("victim", key, 4096)
+    try:
+        shm.set_shared_memory_region(handle, [a])
+        client.register_system_shared_memory("victim", key, 4096)
+        inputs = add_inputs(httpclient, a)
+        inputs[0].set_shared_memory("victim", a.nbytes)
+        out = httpclient.InferRequestedOutput("C")
+        out.set_shared_memory("victim", a.nbytes, offset=2048)
+        client.infer(model, inputs, outputs=[out])
+        np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, [1, 3], offset=2048), 2 * a)
+        workers_before = server.log().count("is ready (pid")
+        with open(f"/dev/shm{key}", "r+b") as f:  # the client shrinks the segment under the server
+            os.ftruncate(f.fileno(), 8)
+        for _ in range(2):
+            with pytest.raises(Exception) as e:
+                client.infer(model, inputs, outputs=[out])
+            assert "its client shrank it after registering it" in str(e.value)
+        os.unlink(f"/dev/shm{key}")  # and then removes it: the server's mapping keeps it valid
+        np.testing.assert_array_equal(client.infer(model, add_inputs(httpclient, a)).as_numpy("C"), 2 * a)
+        assert server.log().count("is ready (pid") == workers_before  # no worker died
+        assert "was killed" not in server.log()
+    finally:
+        client.unregister_system_shared_memory()
+        try:
+            shm.destroy_shared_memory_region(handle)
+        except Exception:
+            pass  # unlinked by the test already

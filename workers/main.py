@@ -161,7 +161,8 @@ class Worker:
         if ref.cuda_handle:
             buf = self.cuda_regions.read(ref.cuda_handle, ref.shm_id, ref.cuda_device, ref.offset, ref.nbytes)
         elif ref.shm_key:
-            buf = self.client_regions.view(ref.shm_key, ref.shm_id)[ref.offset:ref.offset + ref.nbytes]
+            buf = self.client_regions.view(ref.shm_key, ref.shm_id, ref.offset + ref.nbytes)[
+                ref.offset:ref.offset + ref.nbytes]
         elif ref.frame >= 0:
             buf = frames[ref.frame]
         else:
@@ -188,7 +189,7 @@ class Worker:
                 self.cuda_regions.write(shm_dest.cuda_handle, shm_dest.shm_id, shm_dest.cuda_device,
                                         shm_dest.offset, buf)
             elif nbytes:
-                view = self.client_regions.view(shm_dest.shm_key, shm_dest.shm_id)
+                view = self.client_regions.view(shm_dest.shm_key, shm_dest.shm_id, shm_dest.offset + nbytes)
                 view[shm_dest.offset:shm_dest.offset + nbytes] = memoryview(buf).cast("B")
             ref.shm_key, ref.shm_id, ref.offset = shm_dest.shm_key, shm_dest.shm_id, shm_dest.offset
             ref.cuda_handle, ref.cuda_device = shm_dest.cuda_handle, shm_dest.cuda_device
@@ -219,7 +220,7 @@ class Worker:
             for request, r in zip(requests, header.requests):
                 for dest in r.shm_outputs:
                     if dest.shm_key:
-                        view = self.client_regions.view(dest.shm_key, dest.shm_id)
+                        view = self.client_regions.view(dest.shm_key, dest.shm_id, dest.offset + dest.nbytes)
                         request.output_buffers[dest.name] = view[dest.offset:dest.offset + dest.nbytes]
                     elif dest.cuda_handle and on_device:
                         ptr = self.cuda_regions.device_pointer(dest.cuda_handle, dest.shm_id, dest.cuda_device,
