@@ -84,11 +84,18 @@ def test_load_with_files_runs_from_a_private_directory(explicit, tmp_path):
     g = grpcclient.InferenceServerClient(explicit.grpc_url)
     g.load_model("uploaded_grpc", config=config, files={"file:1/model.onnx": onnx_bytes})
     assert g.is_model_ready("uploaded_grpc")
-    for bad in ("file:../1/model.onnx", "file:/etc/1/model.onnx", "file:1/../../model.onnx"):
+    # a leading slash names the same file, as Triton takes it
+    client.load_model("slashed", config=config, files={"file:/1/model.onnx": onnx_bytes})
+    assert client.is_model_ready("slashed")
+    for bad in ("file:../1/model.onnx", "file:/../1/model.onnx", "file:1/../../model.onnx"):
         status, _, raw = explicit.post("/v2/repository/models/escape/load", orjson.dumps(
             {"parameters": {"config": config, bad: base64.b64encode(onnx_bytes).decode()}}))
         assert status == 400, raw
         assert "must stay inside the model directory" in orjson.loads(raw)["error"]
+    status, _, raw = explicit.post("/v2/repository/models/long/load", orjson.dumps(
+        {"parameters": {"config": config, "file:1/" + "m" * 300: base64.b64encode(b"x").decode()}}))
+    assert status == 400 and "File name too long" in orjson.loads(raw)["error"]
+    assert "/tmp" not in orjson.loads(raw)["error"]  # no path of the server's disk
 
 
 def test_failed_load_keeps_the_previous_version_serving(explicit):

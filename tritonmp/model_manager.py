@@ -513,13 +513,17 @@ def _write_files(name: str, files: dict[str, bytes]) -> tuple[str, str]:
     os.makedirs(model_dir)
     try:
         for rel, content in files.items():
-            parts = rel.replace("\\", "/").split("/")
-            if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            # "file:/1/model.py" names the same file as "file:1/model.py", as Triton takes it
+            parts = rel.replace("\\", "/").lstrip("/").split("/")
+            if not rel.strip("/") or any(p in ("", ".", "..") or "\0" in p for p in parts):
                 raise invalid(f"failed to load '{name}': file path '{rel}' must stay inside the model directory")
             path = os.path.join(model_dir, *parts)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as f:
-                f.write(content)
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(content)
+            except OSError as e:  # a name too long, a file where a directory must go: said without our paths
+                raise invalid(f"failed to load '{name}': cannot write file '{rel}': {e.strerror}") from None
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise

@@ -1,0 +1,196 @@
+"""Property-based fuzzing (hypothesis) of what reads untrusted bytes: the HTTP JSON and binary-tensor
+decoder, the gRPC message decoder, the HTTP/2 frame layer, config.pbtxt parsing and the paths of a
+load request's `file:` uploads. Every input gets a client error (ServerError, ConfigProblem) or a
+correct answer, never another exception. Bounded in time (a fixed number of examples, derandomized
+so CI is repeatable); the inputs that found bugs are kept as explicit examples."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from tritonclient.grpc import service_pb2 as pb
+
+from tritonmp import config as cfg
+from tritonmp import grpc_codec, http2, http_codec
+from tritonmp.errors import ServerError
+from tritonmp.validation import TensorConfig, check_request
+
+FUZZ = settings(max_examples=300, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+DATATYPES = ["BOOL", "UINT8", "INT32", "INT64", "FP16", "FP32", "FP64", "BF16", "BYTES", "FP3", ""]
+ADD_INPUTS = {"A": TensorConfig("A", "FP32", (3,), False), "B": TensorConfig("B", "FP32", (3,), False)}
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=8), children, max_size=6),
+    max_leaves=30)
+tensors = st.fixed_dictionaries(
+    {"name": st.sampled_from(["A", "B", "C", ""]), "datatype": st.sampled_from(DATATYPES),
+     "shape": st.lists(st.integers(-2, 2**40), max_size=4)},
+    optional={"data": json_values, "parameters": st.dictionaries(
+        st.sampled_from(["binary_data_size", "shared_memory_region", "shared_memory_byte_size", "x"]),
+        st.integers(-10, 2**40) | st.text(max_size=4), max_size=2)})
+infer_docs = st.fixed_dictionaries({"inputs": st.lists(tensors, max_size=3)},
+                                   optional={"outputs": json_values, "parameters": json_values, "id": json_values})
+
+
+def _decode_and_check(body: bytes, header_length: int | None) -> None:
+    try:
+        request, _ = http_codec.decode_infer(body, header_length, "add", "")
+        check_request(request, "add", 8, ADD_INPUTS, {"C": "FP32"})
+    except ServerError as e:
+        assert e.status.http_status in (400, 404, 413, 501)
+
+
+@FUZZ
+@given(infer_docs, st.binary(max_size=64))
+@example({"inputs": [{"name": "A", "datatype": "FP32", "shape": [2**40, 2**40], "data": [1]}]}, b"")
+@example({"inputs": [{"name": "A", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 8}}]},
+         b"\xff\xff\xff\x7fabcd")
+def test_http_json_and_binary_tensors(doc, tail):
+    head = json.dumps(doc).encode()  # the standard library writes integers past 64 bits too
+    _decode_and_check(head + tail, len(head) if tail else None)
+
+
+@FUZZ
+@given(st.binary(max_size=512))
+def test_http_raw_bytes(body):
+    _decode_and_check(body, None)
+
+
+@FUZZ
+@given(st.binary(max_size=512))
+def test_grpc_infer_messages(raw):
+    try:
+        message = pb.ModelInferRequest.FromString(raw)
+    except Exception:
+        return  # what protobuf cannot parse is Triton's "Unable to parse request", answered by the engine
+    try:
+        request = grpc_codec.decode_infer(message)
+        check_request(request, "add", 8, ADD_INPUTS, {"C": "FP32"})
+    except ServerError as e:
+        assert e.status.http_status in (400, 404, 501)
+
+
+class _Transport:
+    def __init__(self):
+        self.written, self.closed = [], False
+
+    def write(self, data):
+        self.written.append(data)
+
+    def is_closing(self):
+        return self.closed
+
+    def close(self):
+        self.closed = True
+
+    def abort(self):
+        self.closed = True
+
+    def get_extra_info(self, *_):
+        return None
+
+
+FRAME = st.tuples(st.integers(0, 12), st.integers(0, 255), st.integers(0, 7),
+                  st.binary(max_size=40)).map(lambda f: len(f[3]).to_bytes(3, "big") + bytes((f[0], f[1]))
+                                              + f[2].to_bytes(4, "big") + f[3])
+
+
+@FUZZ
+@given(st.lists(FRAME | st.binary(max_size=30), max_size=12))
+def test_http2_frames(chunks):
+    """Any frames after the preface: the connection answers or ends with GOAWAY, and never fails
+    with an exception of its own ("HTTP/2 connection failed" is logged only for a bug)."""
+
+    class Silent:
+        def data(self, chunk):
+            pass
+
+        def end(self):
+            pass
+
+        def reset(self):
+            pass
+
+    errors = []
+    handler = logging.Handler()
+    handler.emit = lambda record: errors.append(record) if record.levelno >= logging.ERROR else None
+    logger = logging.getLogger("tritonmp.http2")
+    logger.addHandler(handler)
+
+    async def run():
+        conn = http2.Connection(lambda c, s: Silent(), keepalive=http2.Keepalive(time=0, preface_timeout=0))
+        conn.connection_made(_Transport())
+        conn.data_received(http2.PREFACE)
+        for chunk in chunks:
+            conn.data_received(chunk)
+        conn.connection_lost(None)
+
+    try:
+        asyncio.run(run())
+    finally:
+        logger.removeHandler(handler)
+    assert not errors, [r.getMessage() for r in errors]
+
+
+@FUZZ
+@given(st.text(max_size=300))
+@example('name: "x" max_batch_size: -1 input [ { name: "A" data_type: TYPE_FP32 dims: [ 0 ] } ]')
+@example("input { dims: [ 99999999999999999999 ] }")
+def test_config_text(text):
+    try:
+        config = cfg.parse_text(text, "config.pbtxt")
+    except cfg.ConfigProblem:
+        return
+    cfg.check_fields(config, "config.pbtxt")  # problems are returned, never raised
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    d = tmp_path / "m"
+    (d / "1").mkdir(parents=True)
+    (d / "1" / "model.py").write_text("")
+    return d
+
+
+@FUZZ
+@given(st.text(max_size=300))
+def test_config_files_in_a_model_directory(model_dir, text):
+    (model_dir / "config.pbtxt").write_text(text)
+    result = cfg.check_all(str(model_dir), auto_complete=False)
+    assert isinstance(result, (list, cfg.Completed))
+
+
+PATH_PARTS = st.sampled_from(["1", "model.py", "..", ".", "", "a" * 300, "x\0y", "/", "\\", "~", "config.pbtxt",
+                              "é", "%2e%2e"])
+
+
+@FUZZ
+@given(st.lists(PATH_PARTS, min_size=1, max_size=4).map("/".join))
+@example("1/" + "a" * 300)
+@example("/1/model.py")
+def test_upload_paths_stay_inside_the_model_directory(tmp_path, rel):
+    from tritonmp.model_manager import _write_files
+
+    before = set(os.listdir(tmp_path))
+    try:
+        root, model = _write_files("m", {rel: b"x"})
+    except ServerError as e:
+        assert e.status.http_status == 400 and "/tmp" not in e.message
+        return
+    try:
+        for dirpath, _, files in os.walk(root):
+            for f in files:
+                assert os.path.realpath(os.path.join(dirpath, f)).startswith(os.path.realpath(model) + os.sep)
+    finally:
+        import shutil
+
+        shutil.rmtree(root)
+    assert set(os.listdir(tmp_path)) == before
