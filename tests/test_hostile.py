@@ -236,3 +236,102 @@ def test_a_region_shrunk_or_unlinked_by_its_client_fails_the_request_not_the_wor
             shm.destroy_shared_memory_region(handle)
         except Exception:
             pass  # unlinked by the test already
+
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def _h2frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big") + payload
+
+
+def _call_headers() -> bytes:
+    import hpack
+
+    return hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", SERVICE + "ServerLive"),
+                                   (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")])
+
+
+def _drain(sock: socket.socket, seen: list) -> None:
+    """Read what the server sends until the connection ends (the test shuts it down)."""
+    while True:
+        try:
+            data = sock.recv(1 << 20)
+        except OSError:
+            return
+        if not data:
+            return
+        seen.append(len(data))
+
+
+def _serves(server) -> bool:
+    a = np.ones((1, 3), np.float32)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    return client.infer("add", add_inputs(grpcclient, a)).as_numpy("C").tolist() == [[2.0, 2.0, 2.0]]
+
+
+def test_http2_rapid_reset_continuation_and_stream_limits(server):
+    rss_before = _rss_mib(server.pid)
+    headers = _call_headers()
+    # rapid reset: 60,000 streams opened and reset at once
+    with socket.create_connection(("127.0.0.1", server.grpc_port)) as s:
+        seen: list = []
+        reader = threading.Thread(target=_drain, args=(s, seen))
+        reader.start()
+        s.sendall(PREFACE + _h2frame(4, 0, 0))
+        batch = []
+        for i in range(60000):
+            sid = 2 * i + 1
+            batch.append(_h2frame(1, 4, sid, headers) + _h2frame(3, 0, sid, (8).to_bytes(4, "big")))
+            if len(batch) == 5000:
+                s.sendall(b"".join(batch))
+                batch = []
+        assert _serves(server)  # others are served while it goes on
+        s.shutdown(socket.SHUT_RDWR)
+        reader.join(30)
+    # past the advertised stream limit, new streams are refused with REFUSED_STREAM
+    with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=30) as s:
+        s.sendall(PREFACE + _h2frame(4, 0, 0) + b"".join(_h2frame(1, 4, 2 * i + 1, headers) for i in range(1100)))
+        data = b""
+        deadline = time.monotonic() + 20
+        while data.count(b"\x00\x00\x04\x03") < 76 and time.monotonic() < deadline:  # RST_STREAM frames
+            data += s.recv(1 << 20)
+        assert data.count(b"\x00\x00\x04\x03") >= 76 and b"\x00\x00\x00\x07" in data  # REFUSED_STREAM
+    # a header block that never ends: CONTINUATION after CONTINUATION until the header list limit
+    with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=30) as s:
+        s.sendall(PREFACE + _h2frame(4, 0, 0) + _h2frame(1, 0, 1, headers))
+        junk = _h2frame(9, 0, 1, b"\x40\x01x\x7f\x81" + b"y" * 16000)  # literal headers, over and over
+        closed = False
+        try:
+            for _ in range(400):
+                s.sendall(junk)
+        except (BrokenPipeError, ConnectionResetError):
+            closed = True
+        s.settimeout(10)
+        try:
+            while s.recv(1 << 20):
+                pass
+            closed = True
+        except (ConnectionResetError, TimeoutError):
+            closed = closed or True
+        assert closed
+    assert _serves(server)
+    assert _rss_mib(server.pid) - rss_before < 200
+
+
+def test_http2_ping_and_settings_floods_from_a_client_that_never_reads(server):
+    rss_before = _rss_mib(server.pid)
+    with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=2) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.sendall(PREFACE + _h2frame(4, 0, 0))
+        flood = (_h2frame(6, 0, 0, b"12345678") + _h2frame(4, 0, 0)) * 2000
+        sent = 0
+        try:
+            for _ in range(1000):  # up to 2,000,000 frames that each want an answer
+                s.sendall(flood)
+                sent += 1
+        except (TimeoutError, BrokenPipeError, ConnectionResetError):
+            pass
+        assert sent < 1000  # the server stopped reading from a client that does not read: TCP pushed back
+        assert _serves(server)
+    assert _rss_mib(server.pid) - rss_before < 100

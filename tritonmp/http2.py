@@ -41,6 +41,7 @@ RECV_STREAM_WINDOW = 1 << 24
 RECV_CONNECTION_WINDOW = 1 << 30
 RECV_FRAME_SIZE = 1 << 20
 MAX_HEADER_LIST = 1 << 20
+MAX_STREAMS = 1024  # concurrent streams a client may open on one connection (SETTINGS_MAX_CONCURRENT_STREAMS)
 
 _HEAD = struct.Struct(">IBI")  # length (24 bits) and type in one word, flags, stream id
 _U32 = struct.Struct(">I")
@@ -128,7 +129,7 @@ class Stream:
 
 
 _CLOSED = Stream(0, 0)  # stands for a stream already closed, in _headers
-_REFUSED = Stream(0, 0)  # stands for a new stream refused after GOAWAY
+_REFUSED = Stream(0, 0)  # stands for a new stream refused (after GOAWAY, or past MAX_STREAMS)
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,8 @@ class Connection(asyncio.Protocol):
             return
         settings = b"".join(_SETTING.pack(k, v) for k, v in (
             (SETTINGS_ENABLE_PUSH, 0), (SETTINGS_INITIAL_WINDOW_SIZE, RECV_STREAM_WINDOW),
-            (SETTINGS_MAX_FRAME_SIZE, RECV_FRAME_SIZE), (SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST)))
+            (SETTINGS_MAX_FRAME_SIZE, RECV_FRAME_SIZE), (SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST),
+            (SETTINGS_MAX_CONCURRENT_STREAMS, MAX_STREAMS)))
         transport.write(frame(SETTINGS, 0, 0, settings)
                         + frame(WINDOW_UPDATE, 0, 0, _U32.pack(RECV_CONNECTION_WINDOW - DEFAULT_WINDOW)))
         loop = asyncio.get_running_loop()
@@ -311,10 +313,16 @@ class Connection(asyncio.Protocol):
             self.on_close(self)
 
     def pause_writing(self) -> None:
+        """The client is not reading what we send: stop reading from it too, so that a flood of
+        frames that each need an answer (PING, SETTINGS) cannot grow our send buffer without end."""
         self.write_paused = True
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
         waiters, self.resume_waiters = self.resume_waiters, []
         for waiter in waiters:
             if not waiter.done():
@@ -420,7 +428,9 @@ class Connection(asyncio.Protocol):
                 stream = _CLOSED  # decoded to keep the HPACK state in step, then ignored
             else:
                 self.last_stream_id = stream_id
-                stream = _REFUSED if self.goaway_sent else Stream(stream_id, self.peer_initial_window)
+                # past the advertised limit the stream is refused (its headers still decoded, for HPACK)
+                refuse = self.goaway_sent or len(self.streams) >= MAX_STREAMS
+                stream = _REFUSED if refuse else Stream(stream_id, self.peer_initial_window)
         elif stream.remote_closed:
             raise ProtocolError("HEADERS on a half-closed stream", STREAM_CLOSED)
         if flags & FLAG_END_HEADERS:
