@@ -245,10 +245,10 @@ def _h2frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big") + payload
 
 
-def _call_headers() -> bytes:
+def _call_headers(path: str = SERVICE + "ServerLive") -> bytes:
     import hpack
 
-    return hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", SERVICE + "ServerLive"),
+    return hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", path),
                                    (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")])
 
 
@@ -323,7 +323,8 @@ def test_http2_ping_and_settings_floods_from_a_client_that_never_reads(server):
     rss_before = _rss_mib(server.pid)
     with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=2) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        s.sendall(PREFACE + _h2frame(4, 0, 0))
+        # a call stays open, so gRPC's ping policy allows any number of PINGs: only backpressure is left
+        s.sendall(PREFACE + _h2frame(4, 0, 0) + _h2frame(1, 4, 1, _call_headers(SERVICE + "ModelStreamInfer")))
         flood = (_h2frame(6, 0, 0, b"12345678") + _h2frame(4, 0, 0)) * 2000
         sent = 0
         try:

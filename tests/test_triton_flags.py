@@ -120,3 +120,20 @@ def test_grpc_keepalive_pings_and_closes_a_silent_connection(start_server, tmp_p
     assert client.is_server_live()
     time.sleep(1.0)  # lets several keepalive periods pass on an idle connection (a wait for time itself)
     assert client.is_server_live()
+
+
+def test_grpc_ping_strikes_end_a_connection_that_pings_too_often_without_calls(start_server, tmp_path):
+    server = start_server([_repo(tmp_path)], "--grpc-http2-min-recv-ping-interval-without-data=60000",
+                          "--grpc-http2-max-ping-strikes=1")
+    with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=10) as s:
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0) + _frame(6, 0, 0, b"pingping") * 4)
+        data = b""
+        while True:  # the first PING and one strike are answered; the next strike ends the connection
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    assert data.count(_frame(6, 1, 0, b"pingping")) == 2
+    goaway = data[data.index(b"too_many_pings") - 17:]  # its frame header, last stream id and error code
+    assert goaway[3] == 7 and goaway[13:17] == struct.pack(">I", 0xB)  # GOAWAY ENHANCE_YOUR_CALM
+    assert grpcclient.InferenceServerClient(server.grpc_url).is_server_live()  # others keep being served

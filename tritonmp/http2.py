@@ -29,6 +29,7 @@ FLAG_PRIORITY = 0x20
 
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
 STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
+ENHANCE_YOUR_CALM = 0xB
 
 SETTINGS_HEADER_TABLE_SIZE, SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
 SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
@@ -145,6 +146,10 @@ class Keepalive:
     max_age: float = 0.0
     max_age_grace: float = 0.0
     preface_timeout: float = 10.0  # a new connection must open with HTTP/2's preface within this (0: no limit)
+    # Triton's --grpc-http2-min-recv-ping-interval-without-data (s) and --grpc-http2-max-ping-strikes: a client
+    # PING sooner than that after the last while no call is open is a strike; past the strikes, GOAWAY
+    min_ping_interval: float = 300.0
+    max_ping_strikes: int = 2
 
 
 KEEPALIVE_PING = b"tmp-keep"  # the opaque data of the server's own keepalive PINGs
@@ -161,6 +166,8 @@ class Connection(asyncio.Protocol):
         self.refuse = refuse  # over the listener's connection limit: closed as soon as it opens
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.heard = 0.0  # when the client last sent anything (loop time)
+        self.last_ping = float("-inf")  # when the client last sent a PING with no call open
+        self.ping_strikes = 0
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.preface_seen = False
@@ -347,6 +354,9 @@ class Connection(asyncio.Protocol):
             if stream_id or len(payload) != 8:
                 raise ProtocolError("malformed PING", FRAME_SIZE_ERROR if len(payload) != 8 else PROTOCOL_ERROR)
             if not flags & FLAG_ACK:
+                self._ping_policy()
+                if self.closed:
+                    return
                 self._write(frame(PING, FLAG_ACK, 0, payload))
             elif payload == KEEPALIVE_PING and "pong" in self.timers:
                 self.timers.pop("pong").cancel()
@@ -371,6 +381,22 @@ class Connection(asyncio.Protocol):
         elif kind == PUSH_PROMISE:
             raise ProtocolError("a client may not push")
         # unknown frame types are ignored (RFC 9113 5.5)
+
+    def _ping_policy(self) -> None:
+        """gRPC's policy for client PINGs: with calls open any number is fine; without, one sooner
+        than min_ping_interval after the last is a strike, and past max_ping_strikes the connection
+        ends with GOAWAY ENHANCE_YOUR_CALM "too_many_pings", as grpc's own servers do."""
+        now = asyncio.get_running_loop().time()
+        if self.streams:
+            self.ping_strikes = 0
+        elif now - self.last_ping < self.keepalive.min_ping_interval:
+            self.ping_strikes += 1
+            if self.ping_strikes > self.keepalive.max_ping_strikes:
+                self._goaway(ENHANCE_YOUR_CALM, b"too_many_pings")
+                self._close()
+                return
+        if not self.streams:
+            self.last_ping = now
 
     def _strip_padding(self, flags: int, payload: bytes) -> bytes:
         if flags & FLAG_PADDED:

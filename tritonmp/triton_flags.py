@@ -24,12 +24,8 @@ IGNORED = {
     "--http-thread-count": "HTTP is served by the frontend's event loop, not a thread pool",
     "--grpc-infer-allocation-pool-size": "gRPC responses are not pooled",
     "--grpc-infer-response-compression-level": "responses are sent uncompressed",
-    "--grpc-http2-max-pings-without-data": "the built-in HTTP/2 engine answers every PING (it applies with "
-                                           "--grpc-engine grpcio)",
-    "--grpc-http2-min-recv-ping-interval-without-data": "the built-in HTTP/2 engine answers every PING (it applies "
-                                                        "with --grpc-engine grpcio)",
-    "--grpc-http2-max-ping-strikes": "the built-in HTTP/2 engine answers every PING (it applies with "
-                                     "--grpc-engine grpcio)",
+    "--grpc-http2-max-pings-without-data": "it limits the pings a server sends with no data; the built-in engine "
+                                           "pings only for keepalive (it applies with --grpc-engine grpcio)",
     "--allow-sagemaker": "the SageMaker endpoint is not served",
     "--sagemaker-port": "the SageMaker endpoint is not served",
     "--sagemaker-safe-port-range": "the SageMaker endpoint is not served",
@@ -79,6 +75,8 @@ def add_to(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-keepalive-permit-without-calls", type=_bool, default=False)
     parser.add_argument("--grpc-max-connection-age", type=int, default=0, metavar="MS")
     parser.add_argument("--grpc-max-connection-age-grace", type=int, default=0, metavar="MS")
+    parser.add_argument("--grpc-http2-min-recv-ping-interval-without-data", type=int, default=300000, metavar="MS")
+    parser.add_argument("--grpc-http2-max-ping-strikes", type=int, default=2)
 
 
 def _dest(flag: str) -> str:
@@ -94,8 +92,7 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
-GRPCIO_ONLY = {"--grpc-http2-max-pings-without-data", "--grpc-http2-min-recv-ping-interval-without-data",
-               "--grpc-http2-max-ping-strikes"}
+GRPCIO_ONLY = {"--grpc-http2-max-pings-without-data"}
 
 
 def warn_ignored(args: argparse.Namespace, log: logging.Logger) -> None:
@@ -139,7 +136,8 @@ def default_max_batch_sizes(settings: dict[str, dict[str, str]]) -> dict[str, in
 def keepalive(args: argparse.Namespace) -> Keepalive:
     return Keepalive(args.grpc_keepalive_time / 1000, args.grpc_keepalive_timeout / 1000,
                      args.grpc_keepalive_permit_without_calls, args.grpc_max_connection_age / 1000,
-                     args.grpc_max_connection_age_grace / 1000, args.http_header_timeout_secs)
+                     args.grpc_max_connection_age_grace / 1000, args.http_header_timeout_secs,
+                     args.grpc_http2_min_recv_ping_interval_without_data / 1000, args.grpc_http2_max_ping_strikes)
 
 
 def grpcio_options(args: argparse.Namespace) -> list[tuple[str, int]]:
@@ -151,11 +149,9 @@ def grpcio_options(args: argparse.Namespace) -> list[tuple[str, int]]:
         options.append(("grpc.max_connection_age_ms", args.grpc_max_connection_age))
     if args.grpc_max_connection_age_grace:
         options.append(("grpc.max_connection_age_grace_ms", args.grpc_max_connection_age_grace))
-    for flag, option in (("--grpc-http2-max-pings-without-data", "grpc.http2.max_pings_without_data"),
-                         ("--grpc-http2-min-recv-ping-interval-without-data",
-                          "grpc.http2.min_ping_interval_without_data_ms"),
-                         ("--grpc-http2-max-ping-strikes", "grpc.http2.max_ping_strikes")):
-        values = getattr(args, _dest(flag))
-        if values:
-            options.append((option, int(values[-1])))
+    options += [("grpc.http2.min_ping_interval_without_data_ms", args.grpc_http2_min_recv_ping_interval_without_data),
+                ("grpc.http2.max_ping_strikes", args.grpc_http2_max_ping_strikes)]
+    values = getattr(args, _dest("--grpc-http2-max-pings-without-data"))
+    if values:
+        options.append(("grpc.http2.max_pings_without_data", int(values[-1])))
     return options

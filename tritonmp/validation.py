@@ -28,6 +28,9 @@ BATCH_NOTE = (" NOTE: Setting a non-zero max_batch_size in the model config requ
               "configuration docs for more info on max_batch_size.")
 
 
+MAX_DIM = 2**63 - 1
+
+
 def check_request(request: InferRequest, model: str, max_batch_size: int, inputs: dict[str, TensorConfig],
                   outputs: dict[str, str]) -> None:
     """Raise an INVALID_ARG ServerError for the first thing wrong; set batch_size and shape_key."""
@@ -70,6 +73,9 @@ def check_request(request: InferRequest, model: str, max_batch_size: int, inputs
         if any(d < 0 for d in shape):
             raise invalid(f"{prefix}input '{t.name}' for model '{model}' has a negative dimension in its shape "
                           f"{_fmt(shape)}")
+        if any(d > MAX_DIM for d in shape):  # shapes are int64 everywhere past this point
+            raise invalid(f"{prefix}input '{t.name}' for model '{model}' has a dimension over {MAX_DIM} in its "
+                          f"shape {_fmt(shape)}")
         expected = ((-1,) if max_batch_size > 0 else ()) + cfg.dims
         ok = len(shape) == len(expected) and all(e == -1 or e == d for e, d in zip(expected, shape))
         if not ok:
