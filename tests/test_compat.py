@@ -469,3 +469,24 @@ def test_restricted_apis_match_for_every_endpoint(tmp_path):
             answers.append((http, _grpc_restricted_answers(f"127.0.0.1:{server.grpc_port}")))
     assert answers[0] == answers[1]
     assert all(status == 403 for status, _ in answers[0][0].values())
+
+
+def test_missing_inputs_with_optional_ones_match(tmp_path):
+    from test_errors import OPTIONAL_MODEL
+
+    from conftest import write_model
+
+    tensors = ", ".join(f'{{ name: "INPUT{i}", data_type: TYPE_FP32, dims: [ 1 ]'
+                        f'{" optional: true" if i == 3 else ""} }}' for i in range(4))
+    write_model(tmp_path / "repo", "input_optional", OPTIONAL_MODEL,
+                f'backend: "python"\nmax_batch_size: 0\ninput [ {tensors} ]\n'
+                'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }, '
+                '{ name: "OUTPUT1", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+    x = grpcclient.InferInput("INPUT0", [1], "FP32")
+    x.set_data_from_numpy(np.zeros(1, np.float32))
+    with both_serving(tmp_path / "repo", tmp_path) as servers:
+        answers = [_grpc_error(s.grpc_url, lambda c: c.infer("input_optional", [x])) for s in servers]
+        answers += [_both(servers, "POST", "/v2/models/input_optional/infer", orjson.dumps(
+            {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [0]}]}))]
+    assert answers[0] == answers[1]
+    assert answers[2][0] == answers[2][1]

@@ -150,3 +150,45 @@ def test_model_output_of_the_wrong_datatype_is_an_error(server):
         {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [2]}]}))
     assert status == 500
     assert "returned output 'Y' as FP64, but its configuration declares TYPE_FP32" in orjson.loads(raw)["error"]
+
+
+OPTIONAL_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.zeros(1, np.float32)),
+                                            pb_utils.Tensor("OUTPUT1", np.zeros(1, np.float32))])
+                for _ in requests]
+"""
+
+
+def test_missing_inputs_of_a_model_with_optional_ones_and_an_output_asked_twice(start_server, tmp_path):
+    from conftest import write_model
+
+    tensors = "".join(f'{{ name: "INPUT{i}", data_type: TYPE_FP32, dims: [ 1 ]'
+                      f'{" optional: true" if i == 3 else ""} }},' for i in range(4))
+    write_model(tmp_path / "repo", "input_optional", OPTIONAL_MODEL,
+                f'backend: "python"\nmax_batch_size: 0\ninput [ {tensors.rstrip(",")} ]\n'
+                'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }, '
+                '{ name: "OUTPUT1", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+    server = start_server([tmp_path / "repo"])
+    x = grpcclient.InferInput("INPUT0", [1], "FP32")
+    x.set_data_from_numpy(np.zeros(1, np.float32))
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("input_optional", [x])
+    assert ("expected number of inputs between 3 and 4 but got 1 inputs for model 'input_optional'. Got input(s) "
+            "['INPUT0'], but missing required input(s) ['INPUT1','INPUT2']. Please provide all required "
+            "input(s).") in e.value.message()
+    inputs = []
+    for i in range(3):
+        t = grpcclient.InferInput(f"INPUT{i}", [1], "FP32")
+        t.set_data_from_numpy(np.zeros(1, np.float32))
+        inputs.append(t)
+    assert client.infer("input_optional", inputs).as_numpy("OUTPUT0") is not None  # the optional one may be left out
+    twice = [grpcclient.InferRequestedOutput("OUTPUT0"), grpcclient.InferRequestedOutput("OUTPUT0")]
+    with pytest.raises(InferenceServerException, match="output 'OUTPUT0' is requested more than once"):
+        client.infer("input_optional", inputs, outputs=twice)

@@ -43,7 +43,9 @@ def check_request(request: InferRequest, model: str, max_batch_size: int, inputs
     if missing or len(given) > len(inputs):
         got = ",".join(f"'{n}'" for n in sorted(given))
         miss = ",".join(f"'{n}'" for n in missing)
-        raise invalid(f"{prefix}expected {len(required)} inputs but got {len(request.inputs)} inputs for model "
+        expected = f"{len(required)} inputs" if len(required) == len(inputs) else \
+            f"number of inputs between {len(required)} and {len(inputs)}"  # Triton's words with optional inputs
+        raise invalid(f"{prefix}expected {expected} but got {len(request.inputs)} inputs for model "
                       f"'{model}'. Got input(s) [{got}], but missing required input(s) [{miss}]. Please "
                       "provide all required input(s).")
     for t in request.inputs:
@@ -87,9 +89,13 @@ def check_request(request: InferRequest, model: str, max_batch_size: int, inputs
     request.batch_size = batch if max_batch_size > 0 else 1
     request.shape_key = tuple(sorted(key))
     if request.outputs is not None:
+        seen = set()
         for o in request.outputs:
             if o.name not in outputs:
                 raise invalid(f"unexpected inference output '{o.name}' for model '{model}'")
+            if o.name in seen:  # as newer Triton releases refuse it (2.51 let it through)
+                raise invalid(f"{prefix}output '{o.name}' is requested more than once for model '{model}'")
+            seen.add(o.name)
     # inputs in configuration order, so that merged batches line up
     order = {name: i for i, name in enumerate(inputs)}
     request.inputs.sort(key=lambda t: order[t.name])
