@@ -190,10 +190,19 @@ def test_shared_memory_status_and_errors_match(pair):
                 "bad", a[0], a[1], offset=a[2])) == _grpc_error(pair[1].grpc_url, lambda c, a=args:
                                                              c.register_system_shared_memory("bad", a[0], a[1],
                                                                                              offset=a[2]))
-        inputs = [{"name": n, "shape": [1, 3], "datatype": "FP32",
-                   "parameters": {"shared_memory_region": "compat", "shared_memory_byte_size": 12,
-                                  "shared_memory_offset": off}} for n, off in (("A", 0), ("B", 60))]
-        ours, ref = _both(pair, "POST", "/v2/models/add_py/infer", orjson.dumps({"inputs": inputs}))
+        for offsets in ((0, 60), (0, 100)):
+            inputs = [{"name": n, "shape": [1, 3], "datatype": "FP32",
+                       "parameters": {"shared_memory_region": "compat", "shared_memory_byte_size": 12,
+                                      "shared_memory_offset": off}} for n, off in zip("AB", offsets)]
+            ours, ref = _both(pair, "POST", "/v2/models/add_py/infer", orjson.dumps({"inputs": inputs}))
+            assert ours == ref
+            outputs = [{"name": "C", "parameters": {"shared_memory_region": "compat", "shared_memory_byte_size": 12,
+                                                    "shared_memory_offset": offsets[1]}}]
+            ours, ref = _both(pair, "POST", "/v2/models/add_py/infer",
+                              orjson.dumps({"inputs": inputs[:1] + [inputs[0] | {"name": "B"}], "outputs": outputs}))
+            assert ours == ref
+        ours, ref = _both(pair, "POST", "/v2/systemsharedmemory/region/nokey/register",
+                          orjson.dumps({"key": "/tritonmp-no-such-key", "offset": 0, "byte_size": 8}))
         assert ours == ref
     finally:
         _both(pair, "POST", "/v2/systemsharedmemory/unregister")

@@ -49,7 +49,8 @@ def test_register_status_unregister(fake_gpu_server):
 @pytest.mark.parametrize("body,message", [
     ({"raw_handle": {"b64": base64.b64encode(bytes(10)).decode()}}, "a cudaIpcMemHandle has 64"),
     ({"device_id": 3}, "GPU 3 is not visible to this server"),
-    ({"raw_handle": "not-base64-object"}, "needs 'raw_handle'"),
+    ({"raw_handle": "not-base64-object"}, "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"),
+    ({"raw_handle": {"b64": ""}}, "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"),
     ({"byte_size": 0}, "needs a byte_size > 0"),
 ])
 def test_registration_errors(fake_gpu_server, body, message):

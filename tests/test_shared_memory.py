@@ -205,3 +205,25 @@ def test_client_shm_is_refused_without_the_flag(server, regions):
     assert "--allow-client-shm=true" in orjson.loads(raw)["error"]
     with pytest.raises(InferenceServerException, match="--allow-client-shm=true"):
         grpcclient.InferenceServerClient(server.grpc_url).register_system_shared_memory("off", key, 64)
+
+
+def test_messages_clients_match_on(shm_server, regions):
+    _, key = regions("msgs", 64)
+    status, _, raw = shm_server.post("/v2/systemsharedmemory/region/k/register",
+                                     orjson.dumps({"key": "/tritonmp-no-such-key", "offset": -1, "byte_size": 0}))
+    assert (status, orjson.loads(raw)["error"]) == (500, "Unable to open shared memory region: "
+                                                         "'/tritonmp-no-such-key'")  # before the arguments
+    assert shm_server.post("/v2/systemsharedmemory/region/msgs/register",
+                           orjson.dumps({"key": key, "offset": 0, "byte_size": 64}))[0] == 200
+    try:
+        a = {"name": "A", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}
+        for offset, message in ((100, "Invalid offset for shared memory region: 'msgs'"),
+                                (60, "Invalid offset + byte size for shared memory region: 'msgs'")):
+            window = {"shared_memory_region": "msgs", "shared_memory_byte_size": 12, "shared_memory_offset": offset}
+            in_shm = {"name": "A", "shape": [1, 3], "datatype": "FP32", "parameters": window}
+            for body in ({"inputs": [in_shm, dict(a, name="B")]},
+                         {"inputs": [a, dict(a, name="B")], "outputs": [{"name": "C", "parameters": window}]}):
+                status, _, raw = shm_server.post("/v2/models/add_py/infer", orjson.dumps(body))
+                assert (status, orjson.loads(raw)["error"]) == (400, message), body
+    finally:
+        shm_server.post("/v2/systemsharedmemory/unregister", b"")

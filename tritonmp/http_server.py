@@ -291,8 +291,8 @@ class HttpApp:
             try:
                 raw = base64.b64decode(handle["b64"], validate=True)
             except (TypeError, KeyError, binascii.Error, ValueError):
-                raise ServerError("a CUDA region registration needs 'raw_handle': {'b64': the cudaIpcMemHandle "
-                                  "in base64}") from None
+                raise ServerError("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t; a CUDA region "
+                                  "registration needs 'raw_handle': {'b64': the cudaIpcMemHandle in base64}") from None
             if not isinstance(doc.get("device_id"), int) or not isinstance(doc.get("byte_size"), int):
                 raise ServerError("a CUDA region registration needs 'device_id' and 'byte_size' (integers)")
             self.dp.register_cuda_shm(region, raw, doc["device_id"], doc["byte_size"])

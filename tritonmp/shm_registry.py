@@ -65,16 +65,19 @@ class SharedMemoryRegistry:
 
     def _check_allowed(self) -> None:
         if not self.allowed:
-            raise ServerError("client shared memory is disabled on this server; start it with "
+            raise ServerError("Client shared memory is disabled on this server; start it with "
                               "--allow-client-shm=true to use shared-memory regions", Status.UNAVAILABLE)
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self._check_allowed()
         if name in self.regions:
             raise ServerError(f"shared memory region '{name}' already in manager", Status.ALREADY_EXISTS)
-        if not key or offset < 0 or byte_size <= 0:
+        if not key:
             raise invalid(f"shared memory region '{name}' needs a key, an offset >= 0 and a byte_size > 0")
-        if offset + byte_size > _segment_size(key):
+        size = _segment_size(key)  # a key that cannot be opened is said first, as Triton does
+        if offset < 0 or byte_size <= 0:
+            raise invalid(f"shared memory region '{name}' needs a key, an offset >= 0 and a byte_size > 0")
+        if offset + byte_size > size:
             if any(r.key == key for r in self.regions.values()):  # Triton checks against its mapping of the key
                 raise ServerError(f"Invalid shared memory region: '{key}'", Status.INTERNAL)
             raise invalid(f"failed to register shared memory region '{name}': invalid args")
@@ -86,8 +89,8 @@ class SharedMemoryRegistry:
         if name in self.regions:
             raise ServerError(f"shared memory region '{name}' already in manager", Status.ALREADY_EXISTS)
         if len(raw_handle) != IPC_HANDLE_SIZE:
-            raise invalid(f"CUDA shared memory region '{name}': raw_handle holds {len(raw_handle)} bytes, a "
-                          f"cudaIpcMemHandle has {IPC_HANDLE_SIZE}")
+            raise invalid(f"'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t: CUDA shared memory region "
+                          f"'{name}' got {len(raw_handle)} bytes, a cudaIpcMemHandle has {IPC_HANDLE_SIZE}")
         if device_id not in gpus:
             raise invalid(f"CUDA shared memory region '{name}': GPU {device_id} is not visible to this server "
                           f"(visible: {gpus})")
@@ -116,8 +119,11 @@ class SharedMemoryRegistry:
         region = self.regions.get(name)
         if region is None:
             raise not_found(f"Unable to find shared memory region: '{name}'")
-        if not isinstance(offset, int) or not isinstance(byte_size, int) or offset < 0 or byte_size < 0 \
-                or offset + byte_size > region.byte_size:
+        if not isinstance(offset, int) or not isinstance(byte_size, int) or offset < 0 or byte_size < 0:
+            raise invalid(f"Invalid offset + byte size for shared memory region: '{name}'")
+        if offset >= region.byte_size:  # Triton tells an offset past the region from a window too long
+            raise invalid(f"Invalid offset for shared memory region: '{name}'")
+        if offset + byte_size > region.byte_size:
             raise invalid(f"Invalid offset + byte size for shared memory region: '{name}'")
         return ShmRef(name, region.key, region.offset + offset, byte_size, region.id, region.raw_handle,
                       region.device_id)
