@@ -87,3 +87,28 @@ def test_streamed_responses_carry_the_final_flag_and_the_empty_final_response_on
         ("r2", "repeat", ["I"], False), ("r2", "repeat", ["I"], False),
         ("r3", "repeat", ["I"], False), ("r3", "repeat", ["I"], False), ("r3", "repeat", [], True),
         ("r4", "repeat", [], True)]
+
+
+@pytest.mark.parametrize("engine", ["builtin", "grpcio"])
+def test_stream_error_mode_ends_the_stream_with_the_errors_status(start_server, test_repo, engine):
+    """With the metadata triton_grpc_error: true (newer Triton releases), the first error closes the
+    stream with its own gRPC status; without it, errors travel inside the stream and it goes on."""
+    server = start_server([test_repo], "--grpc-engine", engine)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    for headers in ({"triton_grpc_error": "true"}, {}):
+        results: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error, q=results: q.put((result, error)), headers=headers)
+        try:
+            client.async_stream_infer("repeat", _n(grpcclient, 1), request_id="ok")
+            assert results.get(timeout=30)[1] is None
+            client.async_stream_infer("no_such_model", _n(grpcclient, 1), request_id="bad")
+            _, error = results.get(timeout=30)
+            if headers:
+                assert error.status() == "StatusCode.NOT_FOUND"
+                assert error.message() == "Request for unknown model: 'no_such_model' is not found"
+            else:
+                assert error.status() is None and "unknown model" in error.message()
+                client.async_stream_infer("repeat", _n(grpcclient, 1), request_id="after")
+                assert results.get(timeout=30)[0].get_response().id == "after"
+        finally:
+            client.stop_stream()

@@ -11,6 +11,7 @@ streaming ones. They fail with `RpcError`.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import logging
 import ssl
@@ -88,6 +89,21 @@ def _deadline(value: bytes | None) -> float | None:
     if not value or len(value) < 2 or not value[:-1].isdigit() or value[-1:] not in _TIMEOUT_UNITS:
         return None
     return int(value[:-1]) * _TIMEOUT_UNITS[value[-1:]]
+
+
+# the request metadata of the call being served, for handlers that read it (a stream's error mode)
+CALL_METADATA: contextvars.ContextVar = contextvars.ContextVar("grpc_call_metadata", default=())
+
+
+def metadata_value(name: str) -> str:
+    """A request metadata value of the current call ("" when absent), whatever the engine."""
+    metadata = CALL_METADATA.get()
+    items = metadata.items() if isinstance(metadata, dict) else metadata
+    for key, value in items:
+        key = key.decode("latin-1") if isinstance(key, bytes) else key
+        if key.lower() == name:
+            return value.decode("latin-1") if isinstance(value, bytes) else str(value)
+    return ""
 
 
 class _Compressed:
@@ -257,6 +273,7 @@ class _Call(http2.StreamHandler):
 
     async def _streaming(self) -> None:
         conn, stream = self.conn, self.stream
+        CALL_METADATA.set(stream.headers)
         async for response in self.method.handler(self._requests()):
             if not self.headers_sent:
                 conn.send_headers(stream, RESPONSE_HEADERS)

@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2 as pb
 from . import __version__, grpc_codec
 from .dataplane import Dataplane
 from .errors import ServerError, Status
-from .grpc_protocol import Code, GrpcServer, Method, RpcError, server_ssl_context
+from .grpc_protocol import CALL_METADATA, Code, GrpcServer, Method, RpcError, metadata_value, server_ssl_context
 from .http2 import Keepalive
 from .restricted import GRPC_GROUP, Restrictions, grpc_message
 
@@ -122,13 +122,22 @@ class InferenceService:
                 infer_response=pb.ModelInferResponse(model_name=msg.model_name, model_version=msg.model_version,
                                                      id=msg.id))
 
+        # with the metadata "triton_grpc_error: true" the first error ends the stream with its own status
+        error_mode = metadata_value("triton_grpc_error").lower() == "true"
+
+        async def failed(msg, e: ServerError) -> None:
+            if error_mode:
+                await out.put(RpcError(CODE_OF.get(e.status, Code.INTERNAL), e.message))
+            else:
+                await out.put(error(msg, e))
+
         async def one(msg):
             try:
                 request = grpc_codec.decode_infer(msg)
                 send_empty = request.parameters.get(EMPTY_FINAL) is True
                 async for item in self.dp.infer_stream(request):
                     if isinstance(item, ServerError):  # one failed response; more may follow
-                        await out.put(error(msg, item))
+                        await failed(msg, item)
                     elif not item.empty or send_empty:
                         response = grpc_codec.encode_infer(item)
                         response.parameters[FINAL].bool_param = item.final  # as Triton marks every one
@@ -137,7 +146,7 @@ class InferenceService:
                 if not isinstance(e, ServerError):
                     log.exception("stream inference failed")
                     e = ServerError(f"internal error: {type(e).__name__}: {e}", Status.INTERNAL)
-                await out.put(error(msg, e))
+                await failed(msg, e)
 
         async def read():
             try:
@@ -253,6 +262,7 @@ def _grpcio_handler(method: Method, path: str, guard=None):
                 yield parse(data)
 
         async def stream(request_iterator, context):
+            CALL_METADATA.set(tuple(context.invocation_metadata() or ()))
             refusal = guard(path, context.invocation_metadata() or ()) if guard is not None else None
             if refusal is not None:
                 await context.abort(grpc.StatusCode[refusal.code.name], refusal.message)
