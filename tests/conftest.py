@@ -309,3 +309,61 @@ def mixed_contents_errors(grpc_url: str, model: str = "add_py") -> list[tuple]:
             except grpc.RpcError as e:
                 answers.append((e.code().name, e.details()))
     return answers
+
+
+RAW_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x),
+                                                   pb_utils.Tensor("SHAPE", np.array(x.shape, np.int64))]))
+        return out
+"""
+# name -> (max_batch_size, data type, dims) of single-input models that echo X and its shape
+RAW_MODELS = {"one_var": (0, "TYPE_FP32", "[ -1 ]"), "fixed_b": (4, "TYPE_FP32", "[ 3 ]"),
+              "var_b": (4, "TYPE_FP32", "[ 2, -1 ]"), "two_var": (0, "TYPE_FP32", "[ -1, -1 ]"),
+              "bytes1": (0, "TYPE_STRING", "[ 1 ]"), "bytes2": (0, "TYPE_STRING", "[ 2 ]"),
+              "bytes1b": (4, "TYPE_STRING", "[ 1 ]")}
+
+
+def raw_binary_repo(root: Path) -> Path:
+    """A repository of RAW_MODELS and the two-input add_py."""
+    for name, (batch, dtype, dims) in RAW_MODELS.items():
+        write_model(root, name, RAW_MODEL,
+                    f'backend: "python"\nmax_batch_size: {batch}\n'
+                    f'input [ {{ name: "X", data_type: {dtype}, dims: {dims} }} ]\n'
+                    f'output [ {{ name: "Y", data_type: {dtype}, dims: {dims} }}, '
+                    '{ name: "SHAPE", data_type: TYPE_INT64, dims: [ -1 ] } ]\n')
+    shutil.copytree(EXAMPLE_REPO / "add_py", root / "add_py")
+    return root
+
+
+def raw_binary_answers(port: int) -> list[tuple]:
+    """Raw binary requests (Inference-Header-Content-Length: 0) to raw_binary_repo's models:
+    (model, body length, status, content type, JSON header or error, binary tail) for each."""
+    import numpy as np
+
+    f = np.arange(6, dtype=np.float32).tobytes()
+    cases = [("one_var", f), ("fixed_b", f[:12]), ("fixed_b", f), ("var_b", f[:16]), ("var_b", f[:12]),
+             ("two_var", f), ("bytes1", b"hello"), ("bytes2", b"hello"), ("bytes1b", b"hello"), ("add_py", f),
+             ("one_var", b"abc"), ("one_var", b"")]
+    raw = {"Inference-Header-Content-Length": "0"}
+    out = []
+    for model, body in cases:
+        status, headers, data = http_request(port, "POST", f"/v2/models/{model}/infer", body, raw)
+        split = int(headers.get("inference-header-content-length", len(data)))
+        out.append((model, len(body), status, headers.get("content-type"), data[:split].decode(), data[split:]))
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:  # the same, chunked
+        conn.request("POST", "/v2/models/one_var/infer", body=iter([f[:8], f[8:]]), headers=raw, encode_chunked=True)
+        response = conn.getresponse()
+        out.append(("chunked", len(f), response.status, response.getheader("content-type"), response.read(), b""))
+    finally:
+        conn.close()
+    return out

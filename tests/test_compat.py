@@ -499,3 +499,11 @@ def test_missing_inputs_with_optional_ones_match(tmp_path):
             {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [0]}]}))]
     assert answers[0] == answers[1]
     assert answers[2][0] == answers[2][1]
+
+
+def test_raw_binary_requests_match(tmp_path):
+    from conftest import raw_binary_answers, raw_binary_repo
+
+    with both_serving(raw_binary_repo(tmp_path / "repo"), tmp_path) as servers:
+        ours, ref = (raw_binary_answers(s.http_port) for s in servers)
+    assert ours == ref

@@ -13,6 +13,41 @@ from .core import InferRequest, InferResponse, RequestedOutput, Tensor
 from .errors import invalid
 
 
+def decode_raw(body: bytes, model: str, version: str, inputs: dict, max_batch_size: int) -> InferRequest:
+    """Triton's raw binary request (Inference-Header-Content-Length: 0): the whole body is the one
+    input of a single-input model, batch 1 for a batching model, its shape deduced from the body's
+    size (at most one variable dimension; a BYTES input must have dims [1] and the body is its one
+    element). `inputs` maps names to validation.TensorConfig."""
+    prefix = "[request id: <id_unknown>] "
+    if len(inputs) != 1:
+        raise invalid(f"{prefix}Raw request must only have 1 input (found 1) to be deduced but got {len(inputs)} "
+                      f"inputs in '{model}' model configuration")
+    (config,) = inputs.values()
+    batch = [1] if max_batch_size > 0 else []
+    if config.datatype == "BYTES":
+        if list(config.dims) != [1]:
+            raise invalid(f"{prefix}For BYTE datatype raw input '{config.name}', the model must have input shape [1]")
+        data = len(body).to_bytes(4, "little") + bytes(body)
+        return InferRequest(model, version, "", [Tensor(config.name, "BYTES", batch + [1], data)], None, {})
+    variable = [i for i, d in enumerate(config.dims) if d == -1]
+    if len(variable) > 1:
+        raise invalid(f"{prefix}The shape of the raw input '{config.name}' can not be deduced because there are more "
+                      "than one variable-sized dimension")
+    itemsize = datatypes.ITEMSIZE[config.datatype]
+    dims = list(config.dims)
+    if variable:
+        fixed = 1
+        for d in dims:
+            fixed *= d if d != -1 else 1
+        dims[variable[0]] = (len(body) // itemsize) // fixed if fixed else 0
+    shape = batch + dims
+    want = datatypes.element_count(shape) * itemsize
+    if want != len(body):  # checked here, under the name Triton gives the raw body
+        raise invalid(f"{prefix}input byte size mismatch for input 'raw_input' for model '{model}'. Expected {want}, "
+                      f"got {len(body)}")
+    return InferRequest(model, version, "", [Tensor(config.name, config.datatype, shape, body)], None, {})
+
+
 def compress(body: bytes, accept_encoding: str) -> tuple[bytes, str]:
     accepted = [p.split(";")[0].strip().lower() for p in accept_encoding.split(",")]
     if "gzip" in accepted:

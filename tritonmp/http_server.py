@@ -327,7 +327,12 @@ class HttpApp:
         body = await self._read_body(receive)
         if content_encoding:
             body = await self._inflate(body, content_encoding)
-        request, binary_default = http_codec.decode_infer(body, header_length, model, version)
+        if header_length == 0:  # a raw binary request: no JSON header, the body is the one input
+            mv = self.dp.models.get(model, version)
+            request = http_codec.decode_raw(body, model, version, mv.inputs, mv.max_batch_size)
+            binary_default = True
+        else:
+            request, binary_default = http_codec.decode_infer(body, header_length, model, version)
         response = await self.dp.infer(request, "HTTP end point")
         out, json_length = http_codec.encode_infer(response, request, binary_default)
         headers = [(b"content-type", b"application/octet-stream" if json_length is not None
