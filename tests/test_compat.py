@@ -507,3 +507,14 @@ def test_raw_binary_requests_match(tmp_path):
     with both_serving(raw_binary_repo(tmp_path / "repo"), tmp_path) as servers:
         ours, ref = (raw_binary_answers(s.http_port) for s in servers)
     assert ours == ref
+
+
+def test_trace_settings_match(tmp_path):
+    from test_trace import TRACE_FLAGS, trace_settings_walk
+
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE_REPO / "add_py", repo / "add_py")
+    flags = tuple(TRACE_FLAGS[1::2]) + (f"triton,file={tmp_path / 't.json'}",)
+    with both_serving(repo, tmp_path, ("--load-model=*", *(f"--trace-config={f}" for f in flags))) as servers:
+        ours, ref = (trace_settings_walk(s.http_port) for s in servers)
+    assert ours == ref

@@ -130,14 +130,19 @@ class Dataplane:
         for model in targets:
             await self.models.unload(model)
 
-    def trace_settings(self, model: str = "") -> dict:
+    def _trace_model(self, model: str) -> None:
         if model:
-            self.models.entry(model)
+            try:
+                self.models.entry(model)
+            except ServerError:
+                raise invalid(f"Request for unknown model : {model}") from None  # Triton's words for traces
+
+    def trace_settings(self, model: str = "") -> dict:
+        self._trace_model(model)
         return self.tracer.settings(model)
 
     def update_trace_settings(self, changes: dict, model: str = "") -> dict:
-        if model:
-            self.models.entry(model)
+        self._trace_model(model)
         return self.tracer.update(changes, model)
 
     async def infer(self, request: InferRequest, endpoint: str = "This call") -> InferResponse:
@@ -152,9 +157,12 @@ class Dataplane:
         if trace is None:
             return await self._infer(mv, request)
         trace.mark("REQUEST_START", start_ns)
+        trace.add_tensors("TENSOR_QUEUE_INPUT", request.inputs)
         request.trace = trace
         try:
-            return await self._infer(mv, request)
+            response = await self._infer(mv, request)
+            trace.add_tensors("TENSOR_BACKEND_OUTPUT", response.outputs)
+            return response
         finally:
             trace.mark("REQUEST_END")
             self.tracer.finish(trace)

@@ -1,5 +1,5 @@
-"""Triton's trace extension: settings (global and per model) and TIMESTAMPS traces of sampled
-requests, written to the trace file as Triton's JSON array of entries."""
+"""Triton's trace extension: settings (global and per model) and TIMESTAMPS and TENSORS traces of
+sampled requests, written to the trace file as Triton's JSON array of entries."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .errors import invalid, unsupported
 
 log = logging.getLogger("tritonmp.trace")
 
-LEVELS = ("OFF", "TIMESTAMPS")
+LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 DEFAULTS = {"trace_file": "", "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
             "log_frequency": "0", "trace_mode": "triton"}
 
@@ -26,9 +26,40 @@ class Trace:
     model: str
     version: int
     timestamps: list[tuple[str, int]] = field(default_factory=list)
+    levels: tuple[str, ...] = ("TIMESTAMPS",)
+    tensors: list[dict] = field(default_factory=list)  # TENSORS level: the tensors, as Triton writes them
 
     def mark(self, name: str, ns: int | None = None) -> None:
         self.timestamps.append((name, time.monotonic_ns() if ns is None else ns))
+
+    def add_tensors(self, activity: str, tensors) -> None:
+        """Record tensors (core.Tensor) at the TENSORS level: TENSOR_QUEUE_INPUT for a request's
+        inputs, TENSOR_BACKEND_OUTPUT for its outputs. A tensor in the client's shared memory is
+        recorded without its data (the frontend never reads those bytes)."""
+        if "TENSORS" not in self.levels:
+            return
+        for t in tensors:
+            self.tensors.append({"id": self.id, "activity": activity, "tensor": {
+                "name": t.name, "data": _tensor_text(t), "shape": ",".join(str(d) for d in t.shape),
+                "dtype": t.datatype}})
+
+
+def _tensor_text(t) -> str:
+    from . import datatypes
+
+    data = t.data
+    if data is None or not isinstance(data, (bytes, bytearray, memoryview)):
+        return ""
+    try:
+        if t.datatype == "BYTES":
+            values = [v.decode("utf-8", "replace") for v in datatypes.deserialize_bytes(data)]
+        else:
+            import numpy as np
+
+            values = np.frombuffer(data, dtype=datatypes.NUMPY_OF[t.datatype]).tolist()
+    except (ValueError, KeyError):
+        return ""
+    return ",".join(str(v) for v in values)
 
 
 def _check(settings: dict) -> dict:
@@ -66,6 +97,7 @@ class Tracer:
     def __init__(self, settings: dict | None = None):
         self.global_settings = dict(DEFAULTS)
         self.global_settings.update({k: v for k, v in _check(settings or {}).items() if v is not None})
+        self.startup = dict(self.global_settings)  # what a global setting cleared with null returns to
         self.model_settings: dict[str, dict] = {}
         self._seen: dict[str, int] = {}  # requests seen per setting scope, for the rate
         self._left: dict[str, int] = {}  # traces left per scope when trace_count is set
@@ -95,7 +127,7 @@ class Tracer:
                     scope[key] = value
         else:
             for key, value in checked.items():
-                self.global_settings[key] = DEFAULTS[key] if value is None else value
+                self.global_settings[key] = self.startup[key] if value is None else value
         self._seen.clear()
         self._left.clear()
         return self.settings(model)
@@ -103,7 +135,8 @@ class Tracer:
     def sample(self, model: str, version: int) -> Trace | None:
         """A trace for this request when tracing is on for its model and the rate picks it."""
         s = self.settings(model)
-        if "TIMESTAMPS" not in s["trace_level"] or not s["trace_file"]:
+        levels = tuple(level for level in s["trace_level"] if level != "OFF")
+        if not levels or not s["trace_file"]:
             return None
         scope = model if model in self.model_settings else ""
         seen = self._seen.get(scope, 0)
@@ -115,13 +148,15 @@ class Tracer:
             if left <= 0:
                 return None
             self._left[scope] = left - 1
-        return Trace(next(self._ids), model, version)
+        return Trace(next(self._ids), model, version, levels=levels)
 
     def finish(self, trace: Trace) -> None:
         s = self.settings(trace.model)
         entries = self._pending.setdefault(s["trace_file"], [])
         entries.append({"id": trace.id, "model_name": trace.model, "model_version": trace.version})
-        entries.append({"id": trace.id, "timestamps": [{"name": n, "ns": ns} for n, ns in trace.timestamps]})
+        entries += trace.tensors
+        if "TIMESTAMPS" in trace.levels:
+            entries.append({"id": trace.id, "timestamps": [{"name": n, "ns": ns} for n, ns in trace.timestamps]})
         frequency = int(s["log_frequency"])
         if frequency and len(entries) >= 2 * frequency:
             self._write(s["trace_file"], numbered=True)
