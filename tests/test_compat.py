@@ -518,3 +518,16 @@ def test_trace_settings_match(tmp_path):
     with both_serving(repo, tmp_path, ("--load-model=*", *(f"--trace-config={f}" for f in flags))) as servers:
         ours, ref = (trace_settings_walk(s.http_port) for s in servers)
     assert ours == ref
+
+
+def test_generate_extension_matches(tmp_path):
+    from test_generate import generate_answers, generate_repo
+
+    repo = generate_repo(tmp_path / "repo", TEST_MODELS, EXAMPLE_REPO)
+    with both_serving(repo, tmp_path) as servers:
+        ours, ref = (generate_answers(s.http_port) for s in servers)
+    for mine, theirs in zip(ours, ref):
+        if theirs[1] == 500:  # a JSON value of the wrong type: 400 here (a client's error), 500 in Triton
+            assert (mine[1], mine[0], mine[2:]) == (400, theirs[0], theirs[2:])
+        else:
+            assert mine == theirs

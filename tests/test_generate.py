@@ -17,12 +17,86 @@ def test_generate_maps_keys_to_inputs_and_outputs_to_keys(server):
 def test_generate_errors(server):
     status, _, raw = http_request(server.http_port, "POST", "/v2/models/add_py/generate",
                                   orjson.dumps({"A": [1, 2, 3]}))
-    assert status == 400 and "has no value for input 'B'" in orjson.loads(raw)["error"]
-    status, _, raw = http_request(server.http_port, "POST", "/v2/models/add_py/generate",
-                                  orjson.dumps({"A": [1, 2, 3], "B": [1, 2, 3], "Z": 1}))
-    assert status == 400 and "unknown input(s): Z" in orjson.loads(raw)["error"]
+    assert (status, orjson.loads(raw)["error"]) == (400, "[request id: <id_unknown>] expected 2 inputs but got 1 "
+                                                         "inputs for model 'add_py'. Got input(s) ['A'], but missing "
+                                                         "required input(s) ['B']. Please provide all required "
+                                                         "input(s).")
     status, _, raw = http_request(server.http_port, "POST", "/v2/models/repeat/generate", orjson.dumps({"N": 2}))
     assert status == 400 and "use generate_stream" in orjson.loads(raw)["error"]
+
+
+TEXT_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            prompt = pb_utils.get_input_tensor_by_name(r, "PROMPT").as_numpy()[0]
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor(
+                "TEXT", np.array([prompt + b"|" + r.parameters().encode()], dtype=object))]))
+        return out
+"""
+TEXT_CONFIG = ('backend: "python"\nmax_batch_size: 0\n'
+               'input [ { name: "PROMPT", data_type: TYPE_STRING, dims: [ 1 ] }, '
+               '{ name: "OPT", data_type: TYPE_INT32, dims: [ 1 ], optional: true } ]\n'
+               'output [ { name: "TEXT", data_type: TYPE_STRING, dims: [ 1 ] } ]\n')
+GENERATE_CASES = [
+    ("textm/generate", b'{"PROMPT":"hi","REPETITION":3,"FLAG":true,"NAME":"x"}'),
+    ("textm/generate", b'{"PROMPT":"hi","PARAMS":{"a":1}}'), ("textm/generate", b'{"PROMPT":"hi","PARAMS":[1]}'),
+    ("textm/generate", b'{"PROMPT":123}'), ("textm/generate", b'{"PROMPT":"a","PROMPT":"b"}'),
+    ("textm/generate", b"{}"), ("add_py/generate", b'{"A":[1,2,3]}'),
+    ("add_py/generate", b'{"A":["x","y","z"],"B":[1,2,3]}'), ("textm/generate_stream", b'{"PROMPT":"hi"}'),
+    ("fail/generate_stream", b'{"X":[1]}'), ("fail/generate", b'{"X":[1]}'),
+    ("repeat/generate_stream", b'{"N":[-1]}'), ("repeat/generate_stream", b'{"N":[0]}'),
+    ("repeat/generate_stream", b'{"N":[2]}'),
+]
+
+
+def generate_repo(root, test_repo, example_repo):
+    import shutil
+
+    from conftest import write_model
+
+    write_model(root, "textm", TEXT_MODEL, TEXT_CONFIG)
+    for name, repo in (("fail", test_repo), ("repeat", test_repo), ("add_py", example_repo)):
+        shutil.copytree(repo / name, root / name)
+    return root
+
+
+def generate_answers(port: int) -> list[tuple]:
+    """(path, status, content type, body) of each of GENERATE_CASES."""
+    out = []
+    for path, body in GENERATE_CASES:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.request("POST", "/v2/models/" + path, body=body)
+            response = conn.getresponse()
+            out.append((path, response.status, response.getheader("content-type"), response.read().decode()))
+        finally:
+            conn.close()
+    return out
+
+
+def test_generate_as_triton_reads_it(start_server, tmp_path, test_repo, example_repo):
+    server = start_server([generate_repo(tmp_path / "repo", test_repo, example_repo)])
+    answers = generate_answers(server.http_port)
+    # keys that are not inputs are request parameters the model reads (Triton's mock LLM takes REPETITION so)
+    assert answers[0][1:] == (200, "application/json", '{"TEXT":"hi|{\\"REPETITION\\":3,\\"FLAG\\":true,'
+                                                       '\\"NAME\\":\\"x\\"}","model_name":"textm",'
+                                                       '"model_version":"1"}')
+    invalid_type = "parameter 'PARAMS' has invalid type. It should be either 'int', 'bool', or 'string'."
+    assert orjson.loads(answers[1][3])["error"] == orjson.loads(answers[2][3])["error"] == invalid_type
+    assert "attempt to access JSON non-string as string" in answers[3][3]  # 123 is not the string "123"
+    assert answers[4][1:3] == (400, "application/json") and "input 'PROMPT' already exists" in answers[4][3]
+    assert "expected number of inputs between 1 and 2 but got 0 inputs" in answers[5][3]
+    assert answers[8][1:3] == (200, "text/event-stream; charset=utf-8")
+    # an error from the model once the stream is asked for: an event, with the model's status
+    assert answers[9][1:] == (400, "text/event-stream; charset=utf-8",
+                              'data: {"error":"X = 1 is not a valid input"}\n\n')
+    assert answers[12][1:] == (200, "text/event-stream; charset=utf-8", "")  # zero responses
 
 
 def test_generate_stream_sends_one_event_per_response(server):
@@ -30,7 +104,7 @@ def test_generate_stream_sends_one_event_per_response(server):
     try:
         conn.request("POST", "/v2/models/repeat/generate_stream", body=orjson.dumps({"N": 3}))
         resp = conn.getresponse()
-        assert resp.status == 200 and resp.getheader("content-type") == "text/event-stream"
+        assert resp.status == 200 and resp.getheader("content-type") == "text/event-stream; charset=utf-8"
         events = [orjson.loads(line[len(b"data: "):]) for line in resp.read().split(b"\n\n") if line]
     finally:
         conn.close()

@@ -122,7 +122,7 @@ def _check_output(ref: transport.TensorRef, output_types: dict[str, str], model:
 
 
 def _error(status: str, message: str) -> ServerError:
-    return ServerError(message, Status[status] if status in Status.__members__ else Status.INTERNAL)
+    return ServerError(message, Status[status] if status in Status.__members__ else Status.INTERNAL, from_model=True)
 
 
 def decode(result: transport.Result, batch: list[InferRequest], merge: bool, frames, arena: Arena,

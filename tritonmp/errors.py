@@ -31,10 +31,11 @@ class Status(enum.Enum):
 class ServerError(Exception):
     """An error that reaches a client: its message and the Triton status it carries."""
 
-    def __init__(self, message: str, status: Status = Status.INVALID_ARG):
+    def __init__(self, message: str, status: Status = Status.INVALID_ARG, from_model: bool = False):
         super().__init__(message)
         self.message = message
         self.status = status
+        self.from_model = from_model  # the model (or its worker) said it, not a check before it ran
 
     def __str__(self) -> str:
         return self.message

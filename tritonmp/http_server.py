@@ -206,7 +206,7 @@ class HttpApp:
         return generate.decode(doc, model, version or "", mv.inputs, mv.max_batch_size)
 
     async def generate(self, receive, send, model: str, version: str | None) -> None:
-        request = self._generate_request(await self._json_body(receive), model, version)
+        request = self._generate_request(generate.parse(await self._read_body(receive)), model, version)
         responses = []
         async for item in self.dp.infer_stream(request):
             if isinstance(item, ServerError):
@@ -220,13 +220,20 @@ class HttpApp:
 
     async def generate_stream(self, receive, send, model: str, version: str | None) -> None:
         """Server-sent events, one `data:` line per response; an error ends the stream as an event."""
-        request = self._generate_request(await self._json_body(receive), model, version)
+        request = self._generate_request(generate.parse(await self._read_body(receive)), model, version)
         stream = _with_data(self.dp.infer_stream(request))
-        first = await anext(stream, None)  # errors before any response still get a status code
+        status = 200
+        try:  # errors before any response still get a status code
+            first = await anext(stream, None)
+        except ServerError as e:
+            if not e.from_model:
+                raise  # the request was refused before the model saw it: a JSON error
+            first, status = e, e.status.http_status  # the model failed: its status, the error as an event
         if isinstance(first, ServerError):
-            raise first
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+            status = first.status.http_status
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                                (b"cache-control", b"no-cache")]})
         item = first
         while item is not None:
             event = {"error": item.message} if isinstance(item, ServerError) else generate.encode(item)

@@ -167,7 +167,7 @@ class InferenceRequest:
         self._correlation_id = correlation_id
         self._flags = flags
         if isinstance(parameters, dict):
-            parameters = json.dumps(parameters)
+            parameters = json.dumps(parameters, separators=(",", ":"))  # compact, as Triton writes it
         self._parameters = parameters or "{}"
         self._model_version = model_version
         self._timeout = timeout
