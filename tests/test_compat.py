@@ -346,17 +346,9 @@ class TritonPythonModel:
         return out
 '''
 
-LABELLED = '''
-platform: "ensemble"
-max_batch_size: 4
-input [ { name: "SCORES", data_type: TYPE_FP32, dims: [ 4 ] } ]
-output [ { name: "TOP", data_type: TYPE_FP32, dims: [ 4 ], label_filename: "ensemble_labels.txt" } ]
-ensemble_scheduling { step [ { model_name: "scores", model_version: -1,
-  input_map { key: "X" value: "SCORES" } output_map { key: "Y" value: "TOP" } } ] }
-'''
-
-
 def test_classification_of_integers_and_of_an_ensembles_output_matches(tmp_path):
+    from test_classification import ENSEMBLE as LABELLED_ENSEMBLE
+
     from conftest import write_model
 
     repo = tmp_path / "repo"
@@ -367,7 +359,7 @@ def test_classification_of_integers_and_of_an_ensembles_output_matches(tmp_path)
                 '{ name: "Y_FLOAT", data_type: TYPE_FP32, dims: [ -1 ] } ]\n')
     shutil.copytree(TEST_MODELS / "scores", repo / "scores")
     (repo / "labelled" / "1").mkdir(parents=True)
-    (repo / "labelled" / "config.pbtxt").write_text(LABELLED)
+    (repo / "labelled" / "config.pbtxt").write_text(LABELLED_ENSEMBLE)
     (repo / "labelled" / "ensemble_labels.txt").write_text("CAT0\nCAT1\nCAT2\nCAT3\n")
     ints = orjson.dumps({"inputs": [{"name": "X", "shape": [4], "datatype": "INT32", "data": [3, 16, 7, 1]}],
                          "outputs": [{"name": n, "parameters": {"classification": 2}} for n in ("Y_INT", "Y_FLOAT")]})
@@ -481,16 +473,9 @@ def test_restricted_apis_match_for_every_endpoint(tmp_path):
 
 
 def test_missing_inputs_with_optional_ones_match(tmp_path):
-    from test_errors import OPTIONAL_MODEL
+    from test_errors import write_optional_model
 
-    from conftest import write_model
-
-    tensors = ", ".join(f'{{ name: "INPUT{i}", data_type: TYPE_FP32, dims: [ 1 ]'
-                        f'{" optional: true" if i == 3 else ""} }}' for i in range(4))
-    write_model(tmp_path / "repo", "input_optional", OPTIONAL_MODEL,
-                f'backend: "python"\nmax_batch_size: 0\ninput [ {tensors} ]\n'
-                'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }, '
-                '{ name: "OUTPUT1", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+    write_optional_model(tmp_path / "repo")
     x = grpcclient.InferInput("INPUT0", [1], "FP32")
     x.set_data_from_numpy(np.zeros(1, np.float32))
     with both_serving(tmp_path / "repo", tmp_path) as servers:

@@ -165,15 +165,20 @@ class TritonPythonModel:
 """
 
 
-def test_missing_inputs_of_a_model_with_optional_ones_and_an_output_asked_twice(start_server, tmp_path):
+def write_optional_model(repo) -> None:
+    """input_optional: inputs INPUT0..INPUT2 required and INPUT3 optional, as in Triton's own tests."""
     from conftest import write_model
 
-    tensors = "".join(f'{{ name: "INPUT{i}", data_type: TYPE_FP32, dims: [ 1 ]'
-                      f'{" optional: true" if i == 3 else ""} }},' for i in range(4))
-    write_model(tmp_path / "repo", "input_optional", OPTIONAL_MODEL,
-                f'backend: "python"\nmax_batch_size: 0\ninput [ {tensors.rstrip(",")} ]\n'
+    tensors = ", ".join(f'{{ name: "INPUT{i}", data_type: TYPE_FP32, dims: [ 1 ]'
+                        f'{" optional: true" if i == 3 else ""} }}' for i in range(4))
+    write_model(repo, "input_optional", OPTIONAL_MODEL,
+                f'backend: "python"\nmax_batch_size: 0\ninput [ {tensors} ]\n'
                 'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }, '
                 '{ name: "OUTPUT1", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+
+
+def test_missing_inputs_of_a_model_with_optional_ones_and_an_output_asked_twice(start_server, tmp_path):
+    write_optional_model(tmp_path / "repo")
     server = start_server([tmp_path / "repo"])
     x = grpcclient.InferInput("INPUT0", [1], "FP32")
     x.set_data_from_numpy(np.zeros(1, np.float32))

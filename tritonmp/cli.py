@@ -13,14 +13,7 @@ from . import __version__, triton_flags
 from .http_protocol import Limits
 from .restricted import GRPC_HEADER_PREFIX, Restrictions
 
-
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+_bool = triton_flags.parse_bool
 
 
 def _workers(text: str) -> str:

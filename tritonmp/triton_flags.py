@@ -72,7 +72,7 @@ def add_to(parser: argparse.ArgumentParser) -> None:
                             help=f"deprecated Triton spelling of --trace-config {name}=VALUE")
     parser.add_argument("--grpc-keepalive-time", type=int, default=7200000, metavar="MS")
     parser.add_argument("--grpc-keepalive-timeout", type=int, default=20000, metavar="MS")
-    parser.add_argument("--grpc-keepalive-permit-without-calls", type=_bool, default=False)
+    parser.add_argument("--grpc-keepalive-permit-without-calls", type=parse_bool, default=False)
     parser.add_argument("--grpc-max-connection-age", type=int, default=0, metavar="MS")
     parser.add_argument("--grpc-max-connection-age-grace", type=int, default=0, metavar="MS")
     parser.add_argument("--grpc-http2-min-recv-ping-interval-without-data", type=int, default=300000, metavar="MS")
@@ -83,7 +83,8 @@ def _dest(flag: str) -> str:
     return "triton_" + flag.lstrip("-").replace("-", "_")
 
 
-def _bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
+    """Triton's boolean flag values."""
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
         return True
