@@ -112,3 +112,31 @@ def test_stream_error_mode_ends_the_stream_with_the_errors_status(start_server, 
                 assert results.get(timeout=30)[0].get_response().id == "after"
         finally:
             client.stop_stream()
+
+
+POLICY_MODEL = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([float(self.decoupled)], np.float32))])
+                for _ in requests]
+"""
+
+
+def test_a_model_can_ask_whether_it_is_decoupled(start_server, tmp_path):
+    """As Triton's own lifecycle test models do, with the python backend's helper."""
+    from conftest import X_TO_Y_CONFIG, write_model
+
+    write_model(tmp_path / "repo", "policy", POLICY_MODEL, X_TO_Y_CONFIG)
+    server = start_server([tmp_path / "repo"])
+    x = httpclient.InferInput("X", [1], "FP32")
+    x.set_data_from_numpy(np.zeros(1, np.float32))
+    assert httpclient.InferenceServerClient(server.url).infer("policy", [x]).as_numpy("Y").tolist() == [0.0]

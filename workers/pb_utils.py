@@ -245,6 +245,11 @@ def get_input_config_by_name(model_config: dict, name: str) -> dict | None:
     return None
 
 
+def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
+    """Whether the model's configuration (the dict of args["model_config"]) makes it decoupled."""
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
 def get_output_config_by_name(model_config: dict, name: str) -> dict | None:
     for entry in model_config.get("output", []):
         if entry["name"] == name:
