@@ -347,3 +347,23 @@ def test_http2_ping_and_settings_floods_from_a_client_that_never_reads(server):
         assert sent < 1000  # the server stopped reading from a client that does not read: TCP pushed back
         assert _serves(server)
     assert _rss_mib(server.pid) - rss_before < 100
+
+
+def test_a_large_json_body_is_decoded_without_stalling_others(server):
+    """30 MiB of JSON numbers (8 million Python objects to parse) are decoded in a helper process:
+    on the event loop they held every other client for about a second."""
+    body = (b'{"inputs":[{"name":"A","shape":[1,3],"datatype":"FP32","data":[' + b"1.5," * 8_000_000
+            + b'1]},{"name":"B","shape":[1,3],"datatype":"FP32","data":[1,2,3]}]}')
+    with HealthProbe(server.http_port) as probe:
+        for _ in range(2):
+            status, _, raw = http_request(server.http_port, "POST", "/v2/models/add_py/infer", body, timeout=120)
+            assert status == 400 and b"Shape does not match true shape of 'data' field" in raw  # its errors still come
+    print(f"slowest health call while 30 MiB of JSON was decoded: {probe.slowest * 1000:.1f} ms")
+    assert probe.calls > 0 and probe.slowest < 0.5
+    a = np.ones((1, 3), np.float32)
+    doc = {"inputs": [{"name": n, "shape": [1, 3], "datatype": "FP32", "data": [1.0] * 3} for n in "AB"],
+           "parameters": {"pad": "x" * (2 << 20)}}  # over the offload size, and well formed: served
+    import json
+
+    status, _, raw = http_request(server.http_port, "POST", "/v2/models/add_py/infer", json.dumps(doc).encode())
+    assert status == 200 and json.loads(raw)["outputs"][0]["data"] == (a + a).ravel().tolist()

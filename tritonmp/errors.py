@@ -37,6 +37,9 @@ class ServerError(Exception):
         self.status = status
         self.from_model = from_model  # the model (or its worker) said it, not a check before it ran
 
+    def __reduce__(self):  # pickled whole (a helper process's decoding errors), not just its message
+        return (ServerError, (self.message, self.status, self.from_model))
+
     def __str__(self) -> str:
         return self.message
 

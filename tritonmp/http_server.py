@@ -14,7 +14,7 @@ import zlib
 
 import orjson
 
-from . import __version__, generate, http_codec
+from . import __version__, generate, http_codec, json_offload
 from .dataplane import EXTENSIONS, Dataplane
 from .errors import ServerError, invalid, too_large, unsupported
 from .inflate import TooLarge, inflate
@@ -338,6 +338,8 @@ class HttpApp:
             mv = self.dp.models.get(model, version)
             request = http_codec.decode_raw(body, model, version, mv.inputs, mv.max_batch_size)
             binary_default = True
+        elif header_length is None:  # JSON only: a large one is decoded off the event loop
+            request, binary_default = await json_offload.decode_infer(body, model, version)
         else:
             request, binary_default = http_codec.decode_infer(body, header_length, model, version)
         response = await self.dp.infer(request, "HTTP end point")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from . import arena
+from . import arena, json_offload
 from . import grpc_server as grpc_frontend
 from .dataplane import EXTENSIONS, Dataplane
 from .http2 import Keepalive
@@ -227,6 +227,7 @@ class Server:
             if not await self._drain_frontends(deadline):
                 deadline = time.monotonic()  # a second signal: stop workers now, still cleaning up
             await models.stop(deadline)
+            json_offload.shutdown()
             self.tracer.flush()
             watchdog.cancel()
             self.notifier.close()
