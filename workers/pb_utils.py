@@ -111,11 +111,40 @@ class Tensor:
         return True
 
     def to_dlpack(self):
-        return self._array.__dlpack__()
+        """A DLPack capsule of the tensor (CPU memory, shared where it can be)."""
+        return self.__dlpack__()
+
+    def __dlpack__(self, stream=None, **options):
+        """Exported without a copy; an input held in read-only memory (older DLPack consumers cannot
+        be told it is read-only) is exported as a copy."""
+        try:
+            return self._array.__dlpack__(**options)
+        except BufferError:
+            return self._array.copy().__dlpack__(**options)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
 
     @classmethod
-    def from_dlpack(cls, name: str, capsule) -> Tensor:
-        return cls(name, np.from_dlpack(capsule))
+    def from_dlpack(cls, name: str, tensor) -> Tensor:
+        """A Tensor over any DLPack producer (an object with __dlpack__, such as a torch tensor) or
+        a DLPack capsule, without a copy. The memory must be on the CPU here."""
+        if not hasattr(tensor, "__dlpack__"):
+            tensor = _Capsule(tensor)
+        return cls(name, np.from_dlpack(tensor))
+
+
+class _Capsule:
+    """A bare DLPack capsule as the producer object numpy's from_dlpack takes (CPU memory)."""
+
+    def __init__(self, capsule):
+        self.capsule = capsule
+
+    def __dlpack__(self, stream=None, **_):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU
 
 
 class InferenceResponse:
