@@ -33,3 +33,50 @@ def test_tensors_go_through_dlpack(start_server, tmp_path):
     x = httpclient.InferInput("X", [1], "FP32")
     x.set_data_from_numpy(np.array([21.0], np.float32))
     assert httpclient.InferenceServerClient(server.url).infer("dlpack", [x]).as_numpy("Y").tolist() == [42.0]
+
+
+CONTROL_MODEL = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        seen = [pb_utils.is_model_ready("add"), pb_utils.is_model_ready("add", "1"), pb_utils.is_model_ready("nope")]
+        pb_utils.unload_model("add")
+        seen.append(pb_utils.is_model_ready("add"))
+        config = json.dumps({"platform": "onnxruntime_onnx", "max_batch_size": 2})
+        with open(self.onnx, "rb") as f:
+            pb_utils.load_model("added", config=config, files={"file:1/model.onnx": f.read()})
+        seen.append(pb_utils.is_model_ready("added"))
+        try:
+            pb_utils.load_model("nope")
+        except pb_utils.TritonModelException as e:
+            seen.append("failed to load 'nope'" in str(e))
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array(seen, np.float32))]) for _ in requests]
+
+    def initialize(self, args):
+        import os
+
+        self.onnx = os.path.join(args["model_repository"], "add.onnx")  # shipped beside the model
+"""
+CONTROL_CONFIG = ('backend: "python"\nmax_batch_size: 0\ninput [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+                  'output [ { name: "Y", data_type: TYPE_FP32, dims: [ -1 ] } ]\n')
+
+
+def test_a_model_checks_loads_and_unloads_models(start_server, tmp_path, example_repo):
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(example_repo / "add", repo / "add")
+    write_model(repo, "controller", CONTROL_MODEL, CONTROL_CONFIG)
+    shutil.copy(example_repo / "add" / "1" / "model.onnx", repo / "controller" / "add.onnx")
+    server = start_server([repo], "--model-control-mode=explicit", "--load-model=add", "--load-model=controller")
+    client = httpclient.InferenceServerClient(server.url)
+    x = httpclient.InferInput("X", [1], "FP32")
+    x.set_data_from_numpy(np.zeros(1, np.float32))
+    assert client.infer("controller", [x]).as_numpy("Y").tolist() == [1, 1, 0, 0, 1, 1]
+    assert not client.is_model_ready("add") and client.is_model_ready("added")
+    assert client.get_model_config("added")["max_batch_size"] == 2

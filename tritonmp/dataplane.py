@@ -130,6 +130,26 @@ class Dataplane:
         for model in targets:
             await self.models.unload(model)
 
+    async def model_call(self, op: str, name: str, version: str, args: dict) -> bool:
+        """A python model's own is_model_ready, load_model or unload_model (pb_utils), with the same
+        rules as the repository API (loading and unloading need explicit model control)."""
+        if op == "is_model_ready":
+            try:
+                return self.models.get(name, version).state == "READY"
+            except ServerError:
+                return False
+        if op == "load_model":
+            parameters = {(path if path.startswith("file:") else f"file:{path}"): content  # either spelling
+                          for path, content in (args.get("files") or {}).items()}
+            if args.get("config"):
+                parameters["config"] = args["config"]
+            await self.load_model(name, parameters)
+            return True
+        if op == "unload_model":
+            await self.unload_model(name, {"unload_dependents": bool(args.get("unload_dependents"))})
+            return True
+        raise invalid(f"unknown model control call '{op}'")
+
     def _trace_model(self, model: str) -> None:
         if model:
             try:

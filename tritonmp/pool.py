@@ -342,6 +342,12 @@ class Instance:
         """Serve a model's own request to another model, and answer on this worker's channel."""
         channel = self.channel
         try:
+            if msg.control:
+                if self.pool.control is None:
+                    raise ServerError("model control is not available here", Status.UNAVAILABLE)
+                value = await self.pool.control(msg.control, msg.model_name, msg.model_version, msg.control_args)
+                channel.send(transport.BLS_RESULT, transport.encode(transport.BlsResult(value=value)), [])
+                return
             if self.pool.bls is None:
                 raise ServerError("BLS requests are not available here", Status.UNAVAILABLE)
             inputs = [Tensor(r.name, r.datatype, list(r.shape), frames[r.frame]) for r in msg.inputs]
@@ -464,6 +470,7 @@ class InstancePool:
         self.decoupled = False  # responses stream back, any number per request
         self.load_timeout = 0.0  # seconds a worker may take to load before it is killed; 0: no limit
         self.bls: Callable | None = None  # the dataplane's infer, for models' own requests (BLS)
+        self.control = None  # the dataplane's model_call, for python models that load or unload models
         self.instances = [Instance(self, s) for s in specs]
         self.idle: deque[Instance] = deque()
         self.on_idle = lambda: None  # the scheduler's pump: an instance can take work

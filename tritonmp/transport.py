@@ -77,12 +77,16 @@ class BlsRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     inputs: list[TensorRef]
     outputs: list[str] = []
     parameters: dict = {}
+    # a model-control call instead of an inference: "is_model_ready", "load_model", "unload_model"
+    control: str = ""
+    control_args: dict = {}
 
 
 class BlsResult(msgspec.Struct, array_like=True, omit_defaults=True):
     outputs: list[TensorRef] = []
     error: str = ""
     error_status: str = "INTERNAL"
+    value: bool = False  # a model-control call's answer
 
 
 class StreamResponse(msgspec.Struct, array_like=True, omit_defaults=True):

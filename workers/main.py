@@ -99,6 +99,29 @@ class Worker:
 
         return send
 
+    def _ask(self, header: transport.BlsRequest, frames: list) -> tuple[transport.BlsResult, list]:
+        """Send a model's own request to the frontend and wait for its answer. Only a STOP may
+        come in between (the frontend sends nothing else to a busy worker)."""
+        self.send(transport.BLS, header, frames)
+        while True:
+            message = self.reader.read()
+            if message is None:
+                raise SystemExit(0)  # the frontend has gone
+            kind, head, reply_frames = transport.unpack(message)
+            if kind == transport.STOP:
+                raise SystemExit(0)
+            if kind == transport.BLS_RESULT:
+                return transport.decode(transport.BlsResult, head), reply_frames
+
+    def control(self, op: str, model: str, version: str = "", **args) -> bool:
+        """A model's own is_model_ready, load_model or unload_model, answered by the frontend."""
+        from . import pb_utils
+
+        result, _ = self._ask(transport.BlsRequest("", model, version, [], control=op, control_args=args), [])
+        if result.error:
+            raise pb_utils.TritonModelException(result.error)
+        return result.value
+
     def bls(self, request) -> object:
         """A model's own inference request: send it to the frontend, wait for the response. Only a
         STOP may come in between (the frontend sends nothing else to a busy worker)."""
@@ -116,17 +139,7 @@ class Worker:
         version = "" if request.model_version() in (-1, None) else str(request.model_version())
         header = transport.BlsRequest(request.request_id(), request.model_name(), version, refs,
                                       request.requested_output_names(), params)
-        self.send(transport.BLS, header, frames)
-        while True:
-            message = self.reader.read()
-            if message is None:
-                raise SystemExit(0)  # the frontend has gone
-            kind, head, reply_frames = transport.unpack(message)
-            if kind == transport.STOP:
-                raise SystemExit(0)
-            if kind == transport.BLS_RESULT:
-                break
-        result = transport.decode(transport.BlsResult, head)
+        result, reply_frames = self._ask(header, frames)
         if result.error:
             code = getattr(pb_utils.TritonError, result.error_status, pb_utils.TritonError.INTERNAL)
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(result.error, code))
@@ -143,6 +156,7 @@ class Worker:
                 from . import pb_utils
 
                 pb_utils._bls_executor = self.bls
+                pb_utils._control_executor = self.control
             self.backend = load_backend(self.spec, config)
             inputs, outputs = self.backend.metadata()
             detail = getattr(self.backend, "detail", "")

@@ -21,6 +21,8 @@ TRITONSERVER_REQUEST_RELEASE_ALL = 1
 
 # Set by the worker: sends a BLS request to the frontend and returns its InferenceResponse.
 _bls_executor = None
+# Set by the worker: control(op, model, version, **args) -> bool, answered by the frontend.
+_control_executor = None
 
 TRITON_STRING_TO_NUMPY = {
     datatypes.to_config(name): (np.bool_ if name == "BOOL" else dt.type) for name, dt in datatypes.NUMPY_OF.items()
@@ -272,6 +274,29 @@ def get_input_config_by_name(model_config: dict, name: str) -> dict | None:
         if entry["name"] == name:
             return entry
     return None
+
+
+def _control(op: str, model_name: str, model_version: str = "", **args) -> bool:
+    if _control_executor is None:
+        raise TritonModelException(f"{op}() can only be called from a model served by tritonmp")
+    return _control_executor(op, model_name, model_version, **args)
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether a model (a version, or its highest ready one) of this server is ready."""
+    return _control("is_model_ready", model_name, str(model_version))
+
+
+def load_model(model_name: str, config: str = "", files: dict | None = None) -> None:
+    """Load (or reload) a model of the repository, with a config override in JSON and its files
+    ({"1/model.py": bytes, ...}) as the repository API takes them; needs explicit model control.
+    Raises TritonModelException with the server's reason when the load fails."""
+    _control("load_model", model_name, "", config=config, files=dict(files or {}))
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Unload a model of the server; needs explicit model control."""
+    _control("unload_model", model_name, "", unload_dependents=unload_dependents)
 
 
 def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
