@@ -32,7 +32,11 @@ def test_tensors_go_through_dlpack(start_server, tmp_path):
     server = start_server([tmp_path / "repo"])
     x = httpclient.InferInput("X", [1], "FP32")
     x.set_data_from_numpy(np.array([21.0], np.float32))
-    assert httpclient.InferenceServerClient(server.url).infer("dlpack", [x]).as_numpy("Y").tolist() == [42.0]
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        assert client.infer("dlpack", [x]).as_numpy("Y").tolist() == [42.0]
+    finally:
+        client.close()  # here, not by the garbage collector in some other thread
 
 
 CONTROL_MODEL = """
@@ -77,6 +81,9 @@ def test_a_model_checks_loads_and_unloads_models(start_server, tmp_path, example
     client = httpclient.InferenceServerClient(server.url)
     x = httpclient.InferInput("X", [1], "FP32")
     x.set_data_from_numpy(np.zeros(1, np.float32))
-    assert client.infer("controller", [x]).as_numpy("Y").tolist() == [1, 1, 0, 0, 1, 1]
-    assert not client.is_model_ready("add") and client.is_model_ready("added")
-    assert client.get_model_config("added")["max_batch_size"] == 2
+    try:
+        assert client.infer("controller", [x]).as_numpy("Y").tolist() == [1, 1, 0, 0, 1, 1]
+        assert not client.is_model_ready("add") and client.is_model_ready("added")
+        assert client.get_model_config("added")["max_batch_size"] == 2
+    finally:
+        client.close()
