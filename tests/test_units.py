@@ -173,3 +173,13 @@ def test_only_table_references_make_a_cacheable_header_block():
     assert not http2._only_indexed(first)  # literals that add to the dynamic table
     assert http2._only_indexed(second)  # the same headers again: table references only
     assert not http2._only_indexed(b"\x3f\xe1\x1f" + second)  # a table size update changes the table
+
+
+def test_messages_name_each_kind_of_model():
+    from tritonmp.model_io import model_kind
+
+    pairs = (("onnxruntime", "onnxruntime_onnx"), ("openvino", ""), ("tensorrt", "tensorrt_plan"),
+             ("tensorflow", "tensorflow_graphdef"), ("tensorflow", "tensorflow_savedmodel"), ("pytorch", "pytorch_libtorch"))
+    assert [model_kind(b, p) for b, p in pairs] == ["ONNX model", "OpenVINO model", "TensorRT engine",
+                                                    "TensorFlow GraphDef", "TensorFlow SavedModel signature",
+                                                    "pytorch model"]

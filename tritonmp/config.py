@@ -250,7 +250,7 @@ def check_all(model_dir: str, auto_complete: bool = True, override: str | None =
                 graph, max_batch = framework_io(backend, model_file, config, default_batch)
             except ConfigProblem as e:
                 return problems + [e]
-            what = describe_model(backend, platform)
+            what = model_io.model_kind(backend, platform)
             if auto_complete:
                 model_io.complete(config, graph, max_batch)
             problems += model_io.check(config, graph, path, what, all_inputs=True)
@@ -306,13 +306,6 @@ def python_complete(config: mc.ModelConfig, model_py: str) -> None:
         raise ConfigProblem(model_py, "auto_complete_config", f"returned a configuration that is not a valid "
                             f"ModelConfig: {e}") from None
     config.CopyFrom(completed)
-
-
-def describe_model(backend: str, platform: str) -> str:
-    """How messages name a model of this backend."""
-    return {"openvino": "OpenVINO model", "tensorrt": "TensorRT engine",
-            "tensorflow_graphdef": "TensorFlow GraphDef"}.get(platform or backend, "TensorFlow SavedModel signature"
-                                                             if backend == "tensorflow" else f"{backend} model")
 
 
 def framework_io(backend: str, model_file: str, config: mc.ModelConfig,

@@ -143,23 +143,31 @@ class _Call(http2.StreamHandler):
         if self.refused:
             return
         self.buffer += chunk
-        if len(self.buffer) >= 5:  # the next message's declared length, checked before it is buffered
-            length = int.from_bytes(self.buffer[1:5], "big")
-            if length > self.max_message:
-                self.refused = True
-                self.buffer = bytearray()
-                if self.task is not None:
-                    self.task.cancel()
-                self._fail(Code.RESOURCE_EXHAUSTED, f"Received message larger than max ({length} vs. "
-                                                    f"{self.max_message})")
-                self.conn.reset_stream(self.stream, http2.NO_ERROR)
-                return
+        if self._refuse_oversized():
+            return
         if self.messages is not None:
             try:
                 for message in self._complete_messages():
                     self.messages.put_nowait(message)
             except RpcError as e:
                 self.messages.put_nowait(e)
+            self._refuse_oversized()  # the next message, now at the buffer's head
+
+    def _refuse_oversized(self) -> bool:
+        """End the call at once when the message at the buffer's head declares more than the limit,
+        before its bytes are buffered."""
+        if len(self.buffer) < 5:
+            return False
+        length = int.from_bytes(self.buffer[1:5], "big")
+        if length <= self.max_message:
+            return False
+        self.refused = True
+        self.buffer = bytearray()
+        if self.task is not None:
+            self.task.cancel()
+        self._fail(Code.RESOURCE_EXHAUSTED, f"Received message larger than max ({length} vs. {self.max_message})")
+        self.conn.reset_stream(self.stream, http2.NO_ERROR)
+        return True
 
     def end(self) -> None:
         if self.refused:
@@ -197,9 +205,6 @@ class _Call(http2.StreamHandler):
             # a compressed message is inflated later, in slices, by the call's own task
             yield _Compressed(payload) if compressed else self._parse(payload)
         del buf[:pos]
-        if len(buf) >= 5 and int.from_bytes(buf[1:5], "big") > self.max_message:
-            raise RpcError(Code.RESOURCE_EXHAUSTED, f"Received message larger than max "
-                                                    f"({int.from_bytes(buf[1:5], 'big')} vs. {self.max_message})")
 
     async def _message(self, item):
         """A request message: parsed already, or inflated (bounded, in slices) and parsed now."""

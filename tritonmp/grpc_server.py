@@ -256,6 +256,11 @@ def _grpcio_handler(method: Method, path: str, guard=None):
     def serialize(message) -> bytes:
         return message.SerializeToString()
 
+    async def refuse_restricted(context) -> None:
+        refusal = guard(path, context.invocation_metadata() or ()) if guard is not None else None
+        if refusal is not None:
+            await context.abort(grpc.StatusCode[refusal.code.name], refusal.message)
+
     if method.streaming:
         async def requests(request_iterator):
             async for data in request_iterator:
@@ -263,9 +268,7 @@ def _grpcio_handler(method: Method, path: str, guard=None):
 
         async def stream(request_iterator, context):
             CALL_METADATA.set(tuple(context.invocation_metadata() or ()))
-            refusal = guard(path, context.invocation_metadata() or ()) if guard is not None else None
-            if refusal is not None:
-                await context.abort(grpc.StatusCode[refusal.code.name], refusal.message)
+            await refuse_restricted(context)
             try:
                 async for response in method.handler(requests(request_iterator)):
                     yield response
@@ -275,9 +278,7 @@ def _grpcio_handler(method: Method, path: str, guard=None):
         return grpc.stream_stream_rpc_method_handler(stream, None, serialize)
 
     async def unary(request, context):
-        refusal = guard(path, context.invocation_metadata() or ()) if guard is not None else None
-        if refusal is not None:
-            await context.abort(grpc.StatusCode[refusal.code.name], refusal.message)
+        await refuse_restricted(context)
         try:
             return await method.handler(parse(request))
         except Exception as e:

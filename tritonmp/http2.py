@@ -135,10 +135,11 @@ _REFUSED = Stream(0, 0)  # stands for a new stream refused (after GOAWAY, or pas
 
 @dataclass(frozen=True)
 class Keepalive:
-    """Triton's gRPC keepalive settings, in seconds: the server PINGs a connection `time` after it
-    last heard from it (only while calls are open unless `without_calls`) and closes it when no
-    ACK comes within `timeout`; a connection older than `max_age` is sent GOAWAY and closed after
-    `max_age_grace` more (0: never)."""
+    """A connection's timing policy, in seconds, from Triton's gRPC keepalive flags: the server
+    PINGs a connection `time` after it last heard from it (only while calls are open unless
+    `without_calls`) and closes it when no ACK comes within `timeout`; a connection older than
+    `max_age` is sent GOAWAY and closed after `max_age_grace` more (0: never). Also the preface
+    deadline and the policy for the client's own PINGs (see Connection._ping_policy)."""
 
     time: float = 7200.0
     timeout: float = 20.0
@@ -236,9 +237,11 @@ class Connection(asyncio.Protocol):
         idle = loop.time() - self.heard
         if self.closed:
             return
-        if idle < self.keepalive.time or (not self.streams and not self.keepalive.without_calls):
-            self.timers["ping"] = loop.call_later(max(self.keepalive.time - idle, 0.01) if idle < self.keepalive.time
-                                                  else self.keepalive.time, self._keepalive_ping)
+        if idle < self.keepalive.time:  # heard from it since: wait out the rest of the period
+            self.timers["ping"] = loop.call_later(self.keepalive.time - idle, self._keepalive_ping)
+            return
+        if not self.streams and not self.keepalive.without_calls:
+            self.timers["ping"] = loop.call_later(self.keepalive.time, self._keepalive_ping)
             return
         self._write(frame(PING, 0, 0, KEEPALIVE_PING))
         self.timers["pong"] = loop.call_later(self.keepalive.timeout, self._keepalive_expired)

@@ -222,15 +222,13 @@ class HttpApp:
         """Server-sent events, one `data:` line per response; an error ends the stream as an event."""
         request = self._generate_request(generate.parse(await self._read_body(receive)), model, version)
         stream = _with_data(self.dp.infer_stream(request))
-        status = 200
         try:  # errors before any response still get a status code
             first = await anext(stream, None)
         except ServerError as e:
             if not e.from_model:
                 raise  # the request was refused before the model saw it: a JSON error
-            first, status = e, e.status.http_status  # the model failed: its status, the error as an event
-        if isinstance(first, ServerError):
-            status = first.status.http_status
+            first = e  # the model failed: its status, the error as an event
+        status = first.status.http_status if isinstance(first, ServerError) else 200
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
                                 (b"cache-control", b"no-cache")]})

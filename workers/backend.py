@@ -59,7 +59,7 @@ def tensor_dict(name: str, datatype: str, shape: list[int] | None) -> dict:
     return {"name": name, "datatype": datatype, "shape": shape}
 
 
-def check_io(config: dict, inputs: list[dict], outputs: list[dict], what: str, **options) -> None:
+def check_io(config: dict, inputs: list[dict], outputs: list[dict], **options) -> None:
     """Fail the load, listing every problem, where the config and the model's own tensors disagree
     (the same check `tritonmp check` runs before serving)."""
     from google.protobuf import json_format
@@ -69,6 +69,7 @@ def check_io(config: dict, inputs: list[dict], outputs: list[dict], what: str, *
 
     proto = json_format.ParseDict(config, mc.ModelConfig(), ignore_unknown_fields=True)
     graph = model_io.from_specs(inputs), model_io.from_specs(outputs)
+    what = model_io.model_kind(config.get("backend", ""), config.get("platform", ""))
     problems = model_io.check(proto, graph, "config.pbtxt", what, all_inputs=True, **options)
     if problems:
         raise BackendError("the configuration does not match the model: " + "; ".join(str(p) for p in problems))

@@ -26,7 +26,6 @@ DEVICE_PARAMETERS = ("INFERENCE_NUM_THREADS", "COMPILATION_NUM_THREADS", "HINT_B
                      "PERFORMANCE_HINT")
 MODEL_PARAMETERS = ("CPU_EXTENSION_PATH", "SKIP_OV_DYNAMIC_BATCHSIZE", "ENABLE_BATCH_PADDING",
                     "RESHAPE_IO_LAYERS", "TARGET_DEVICE")
-WHAT = "OpenVINO model"
 
 
 def _yes(config: dict, key: str) -> bool:
@@ -133,7 +132,7 @@ class OpenVinoBackend:
         self.fixed_batch = self.max_batch_size > 0 and _yes(config, "SKIP_OV_DYNAMIC_BATCHSIZE")
         self.pad = _yes(config, "ENABLE_BATCH_PADDING")
         inputs, outputs = _io(model)
-        check_io(config, inputs, outputs, WHAT, reshapable=self.max_batch_size > 0, input_dims_free=reshape_io)
+        check_io(config, inputs, outputs, reshapable=self.max_batch_size > 0, input_dims_free=reshape_io)
         declared = {t["name"]: t for t in config.get("input", [])}
         shapes = {}
         for port in model.inputs:

@@ -146,7 +146,6 @@ class TensorFlowBackend:
             session_config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=intra,
                                                       inter_op_parallelism_threads=inter)
             self.session = tf.compat.v1.Session(graph=self.graph, config=session_config)
-            what = "TensorFlow GraphDef"
         else:
             # the process-wide pools: set before the first op runs (each instance is a process of its own)
             if intra:
@@ -154,10 +153,8 @@ class TensorFlowBackend:
             if inter:
                 tf.config.threading.set_inter_op_parallelism_threads(inter)
             self.loaded, self.fn, inputs, outputs = _signature(tf, path, config)
-            what = "TensorFlow SavedModel signature"
-        check_io(config, inputs, outputs, what)
+        check_io(config, inputs, outputs)
         self.output_names = [t["name"] for t in config.get("output", [])]
-        self.input_dtypes = {t["name"]: t["datatype"] for t in inputs}
         signature = param(config, "TF_SIGNATURE_DEF") or DEFAULT_SIGNATURE
         kind = "GraphDef" if self.graphdef else f"SavedModel signature '{signature}'"
         self.detail = (f"tensorflow {tf.__version__}, {kind}; intra-op threads {intra or 'auto'}, "

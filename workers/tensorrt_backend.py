@@ -20,8 +20,6 @@ from tritonmp.transport import TensorSpec, WorkerSpec
 from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor, check_io, model_path, tensor_dict
 from .cuda_shm import CudaRuntime, address
 
-WHAT = "TensorRT engine"
-
 
 def _import_trt():
     try:
@@ -122,11 +120,10 @@ class TensorRTBackend:
             raise BackendError("a TensorRT engine runs on a GPU: give the model a KIND_GPU instance group "
                                "(or KIND_AUTO on a host with a GPU)")
         trt = _import_trt()
-        self.trt = trt
         self.cuda = CudaRuntime()  # sets device 0, the one GPU CUDA_VISIBLE_DEVICES leaves this instance
         self.runtime, self.engine, self.logger = _engine(trt, model_path(spec, config))
         inputs, outputs, max_batch = _io(trt, self.engine)
-        check_io(config, inputs, outputs, WHAT)
+        check_io(config, inputs, outputs)
         wanted = int(config.get("max_batch_size", 0))
         if wanted > 0 and wanted > max_batch:
             raise BackendError(f"max_batch_size {wanted} is more than the engine's optimization profiles allow "
