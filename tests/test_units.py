@@ -179,7 +179,8 @@ def test_messages_name_each_kind_of_model():
     from tritonmp.model_io import model_kind
 
     pairs = (("onnxruntime", "onnxruntime_onnx"), ("openvino", ""), ("tensorrt", "tensorrt_plan"),
-             ("tensorflow", "tensorflow_graphdef"), ("tensorflow", "tensorflow_savedmodel"), ("pytorch", "pytorch_libtorch"))
+             ("tensorflow", "tensorflow_graphdef"), ("tensorflow", "tensorflow_savedmodel"),
+             ("pytorch", "pytorch_libtorch"))
     assert [model_kind(b, p) for b, p in pairs] == ["ONNX model", "OpenVINO model", "TensorRT engine",
                                                     "TensorFlow GraphDef", "TensorFlow SavedModel signature",
                                                     "pytorch model"]
