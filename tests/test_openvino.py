@@ -207,3 +207,13 @@ def test_unknown_parameters_and_mismatched_configs_fail_the_load(server):
         client.load_model("ov_wrong_config")
     assert "input[0].data_type: TYPE_INT32 for 'A', but the OpenVINO model has TYPE_FP32" in e.value.message()
     assert client.is_model_ready("ov_add")
+
+
+def test_check_reads_openvino_models_before_serving(ov_repo):
+    from test_config import _check
+
+    out = _check(ov_repo).stdout
+    assert "ov_unknown_param/1/model.xml: unknown openvino backend parameter(s) 'CPU_THREADS_NUM'" in out
+    assert "ov_wrong_config/config.pbtxt: input[0].data_type: TYPE_INT32 for 'A', but the OpenVINO model has " \
+           "TYPE_FP32" in out
+    assert "ov_add" not in out and "ov_params" not in out
