@@ -367,3 +367,89 @@ def raw_binary_answers(port: int) -> list[tuple]:
     finally:
         conn.close()
     return out
+
+
+# The response sender in every pattern: (responses before return, final flag before return, return a
+# response, responses after return, final flag after return), as Triton's own response-sender test
+# names them.
+SENDER_PATTERNS = {
+    "zero_pre": (0, True, False, 0, False),
+    "zero_post": (0, False, False, 0, True),
+    "one_pre": (1, True, False, 0, False),
+    "one_post": (0, False, False, 1, True),
+    "two_pre": (2, True, False, 0, False),
+    "two_post": (0, False, False, 2, True),
+    "pre_and_post": (1, False, False, 3, True),
+    "on_return": (0, False, True, 0, False),
+    "pre_and_on": (1, True, True, 0, False),
+    "on_and_post": (0, False, True, 1, True),
+}
+
+
+def response_sender_repo(root: Path) -> Path:
+    """The response_sender model in its eight variants: decoupled or not, `def` or `async def
+    execute`, alone or dynamically batched (so that several requests share one execute call)."""
+    source = TEST_MODELS / "response_sender"
+    base = (source / "config.pbtxt").read_text().replace('name: "response_sender"\n', "")
+    for decoupled in (False, True):
+        for use_async in (False, True):
+            for batching in (False, True):
+                name = "response_sender" + "_decoupled" * decoupled + "_async" * use_async + "_batching" * batching
+                shutil.copytree(source / "1", root / name / "1")
+                config = base
+                if decoupled:
+                    config += "model_transaction_policy { decoupled: true }\n"
+                if use_async:
+                    config += 'default_model_filename: "model_async.py"\n'
+                if batching:
+                    config += "dynamic_batching { max_queue_delay_microseconds: 500000 }\n"
+                (root / name / "config.pbtxt").write_text(config)
+    return root
+
+
+def sender_pattern_inputs(module, pattern: str) -> list:
+    """The response_sender model's five inputs for a pattern, for tritonclient `module` (http or grpc)."""
+    import numpy as np
+
+    names = ["NUMBER_OF_RESPONSE_BEFORE_RETURN", "SEND_COMPLETE_FINAL_FLAG_BEFORE_RETURN", "RETURN_A_RESPONSE",
+             "NUMBER_OF_RESPONSE_AFTER_RETURN", "SEND_COMPLETE_FINAL_FLAG_AFTER_RETURN"]
+    inputs = []
+    for name, value in zip(names, SENDER_PATTERNS[pattern]):
+        is_bool = isinstance(value, bool)
+        x = module.InferInput(name, [1, 1], "BOOL" if is_bool else "UINT8")
+        x.set_data_from_numpy(np.array([[value]], bool if is_bool else np.uint8))
+        inputs.append(x)
+    return inputs
+
+
+def response_sender_outcome(grpc_url: str, model: str, patterns: list[str], timeout: float = 30.0):
+    """Requests of the given patterns over one tritonclient gRPC stream, closed the way Triton's test
+    closes it (stop_stream, which waits for every request's final response): what came back, as a
+    sorted tuple of 'returned', 'before', 'after' or 'error: <message>' per response, or 'hung'
+    when the stream had not ended after `timeout` seconds."""
+    import threading
+
+    import tritonclient.grpc as grpcclient
+
+    seen: list[str] = []
+
+    def callback(result, error):
+        if error is not None:
+            seen.append(f"error: {error.message()}")
+            return
+        index = result.as_numpy("INDEX")
+        response_id = index.sum() // index.shape[0]
+        seen.append("returned" if response_id < 1000 else "before" if response_id < 2000 else "after")
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    client.start_stream(callback)
+    for pattern in patterns:
+        client.async_stream_infer(model, sender_pattern_inputs(grpcclient, pattern))
+    stopper = threading.Thread(target=client.stop_stream, daemon=True)
+    stopper.start()
+    stopper.join(timeout)
+    if stopper.is_alive():
+        client.stop_stream(cancel_requests=True)
+        return ("hung", *sorted(seen))
+    client.close()
+    return tuple(sorted(seen))

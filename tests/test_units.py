@@ -211,3 +211,48 @@ def test_execution_accelerators_become_onnxruntime_providers():
         execution_providers(trt, "GPU", ["CUDAExecutionProvider", "CPUExecutionProvider"])
     with pytest.raises(BackendError, match="KIND_GPU needs onnxruntime's CUDAExecutionProvider"):
         execution_providers({}, "GPU", ["CPUExecutionProvider"])
+
+
+def test_response_sender_rules_raise_in_the_model_and_end_the_request_once():
+    from tritonmp.workers import pb_utils
+
+    FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    one = pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.zeros(1, np.float32))])
+
+    def sender(decoupled):
+        sent = []
+        s = pb_utils.InferenceResponseSender(lambda r, final, error="": sent.append((r, final, error)), decoupled)
+        s._executing = False  # as after execute() returned: a broken rule ends the request at once
+        return s, sent
+
+    s, sent = sender(decoupled=True)
+    s.send(one)
+    s.send(one)
+    s.send(flags=FINAL)
+    with pytest.raises(pb_utils.TritonModelException, match="Response sender has been closed"):
+        s.send(one)
+    assert [(final, error) for _, final, error in sent] == [(False, ""), (False, ""), (True, "")]
+    with pytest.raises(pb_utils.TritonModelException, match="Unsupported flag"):
+        s.send(one, flags=4)
+    with pytest.raises(pb_utils.TritonModelException, match="must be provided"):
+        s.send()
+
+    s, sent = sender(decoupled=False)
+    s.send(one)
+    s.send(flags=FINAL)  # the final flag after the one response: allowed, nothing more reaches the client
+    assert [(final, error) for _, final, error in sent] == [(True, "")]
+    with pytest.raises(pb_utils.TritonModelException, match="more than one response"):
+        s.send(one)
+
+    s, sent = sender(decoupled=False)
+    with pytest.raises(pb_utils.TritonModelException, match="cannot send complete final before"):
+        s.send(flags=FINAL)
+    assert sent == [(None, True, "Unable to send response. Non-decoupled model cannot send complete final before "
+                                 "sending a response.")]
+    with pytest.raises(pb_utils.TritonModelException, match="closed"):
+        s.send(one)
+    assert len(sent) == 1  # the request ended once
+
+    s, sent = sender(decoupled=False)
+    assert s._claim() == ""  # execute returned this request's response
+    assert "more than one response" in s._claim() and sent == []

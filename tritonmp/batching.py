@@ -137,23 +137,27 @@ def decode(result: transport.Result, batch: list[InferRequest], merge: bool, fra
         err = ServerError(f"model '{model}' answered {len(result.responses)} of {len(batch)} requests",
                           Status.INTERNAL)
         return [err] * len(batch)
-    out: list[InferResponse | ServerError] = []
-    for request, header in zip(batch, result.responses):
-        if header.error:
-            out.append(_error(header.error_status, header.error))
-            continue
-        try:
-            tensors = []
-            wanted = None if request.outputs is None else {o.name for o in request.outputs}
-            for ref in header.outputs:
-                if ref.name not in output_types or (wanted is not None and ref.name not in wanted):
-                    continue
-                _check_output(ref, output_types, model)
-                tensors.append(Tensor(ref.name, ref.datatype, ref.shape, _buffer(ref, frames, arena)))
-            out.append(InferResponse(model, version, request.id, tensors))
-        except ServerError as e:
-            out.append(e)
-    return out
+    return [decode_one(header, request, frames, arena, output_types, model, version)
+            for request, header in zip(batch, result.responses)]
+
+
+def decode_one(header: transport.ResponseHeader | transport.StreamResponse, request: InferRequest, frames,
+               arena: Arena | None, output_types: dict[str, str], model: str,
+               version: str) -> InferResponse | ServerError:
+    """One request's response (or error), from a batch's result or from a response sender's message."""
+    if header.error:
+        return _error(header.error_status, header.error)
+    try:
+        tensors = []
+        wanted = None if request.outputs is None else {o.name for o in request.outputs}
+        for ref in header.outputs:
+            if ref.name not in output_types or (wanted is not None and ref.name not in wanted):
+                continue
+            _check_output(ref, output_types, model)
+            tensors.append(Tensor(ref.name, ref.datatype, ref.shape, _buffer(ref, frames, arena)))
+        return InferResponse(model, version, request.id, tensors)
+    except ServerError as e:
+        return e
 
 
 def _decode_merged(result, batch, frames, arena, output_types, model, version):

@@ -82,7 +82,9 @@ class Instance:
         self.last_exit = ""
         self.gave_up = False
         self.kill_reason = ""  # why we killed the worker, when we did
-        self.streams: dict[tuple[int, int], InferRequest] = {}  # decoupled requests awaiting their final flag
+        # requests that may be answered by STREAM messages (decoupled models, python models' response
+        # senders), by (batch id, index in the batch), until their final response
+        self.streams: dict[tuple[int, int], InferRequest] = {}
         self._deadline: asyncio.TimerHandle | None = None  # the progress watchdog of the batch in flight
         self._watch: asyncio.Task | None = None
 
@@ -206,8 +208,8 @@ class Instance:
                 f"while running this request; {then}", Status.INTERNAL)
             now = time.monotonic_ns()
             for request in batch:
-                if request.stream is not None:
-                    continue  # closed with the open streams below
+                if request.stream is not None or self.pool.senders:
+                    continue  # ended with the open streams below (or already answered)
                 self.pool.stats.finished(False, request.batch_size, now - request.arrival_ns)
                 if not request.future.done():
                     request.future.set_exception(err)
@@ -314,6 +316,12 @@ class Instance:
         request = self.streams.get(key)
         if request is None:
             return
+        if not self.pool.decoupled:  # a python model's one response, sent through its response sender
+            del self.streams[key]
+            pool = self.pool
+            self._answer(request, batching.decode_one(msg, request, frames, None, pool.output_types, pool.model_name,
+                                                      str(pool.version)), pool.stats)
+            return
         if msg.error:
             request.stream.put_nowait(ServerError(msg.error, Status[msg.error_status]
                                                   if msg.error_status in Status.__members__ else Status.INTERNAL))
@@ -330,6 +338,9 @@ class Instance:
             self._close_stream(request, None)
 
     def _close_stream(self, request: InferRequest, error: ServerError | None) -> None:
+        if request.stream is None:  # a request that waited for its response sender's one response
+            self._answer(request, error, self.pool.stats)
+            return
         ok = error is None
         self.pool.stats.finished(ok, request.batch_size, time.monotonic_ns() - request.arrival_ns)
         if error is not None:
@@ -381,7 +392,7 @@ class Instance:
             stats.queued(now - request.arrival_ns)
             if request.trace is not None:
                 request.trace.mark("COMPUTE_START", now)
-        if self.pool.decoupled:
+        if self.pool.decoupled or self.pool.senders:
             for index, request in enumerate(batch):
                 self.streams[(self.batch_id, index)] = request
         header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arena)
@@ -438,16 +449,27 @@ class Instance:
             log.debug("batch %d done on instance '%s': input %.0fus, infer %.0fus, output %.0fus%s", result.batch_id,
                       self.spec.name, result.input_ns / 1e3, result.infer_ns / 1e3, result.output_ns / 1e3,
                       f"; failed: {result.error}" if result.error else "")
-        for request, response in zip(batch, responses):
-            failed = isinstance(response, ServerError)
-            stats.finished(not failed, request.batch_size, now - request.arrival_ns)
-            if request.future.done():
-                continue
-            if failed:
-                request.future.set_exception(response)
-            else:
-                request.future.set_result(response)
+        deferred = pool.senders and not result.error and len(result.responses) == len(batch)
+        for index, (request, response) in enumerate(zip(batch, responses)):
+            if pool.senders:
+                if deferred and result.responses[index].deferred:
+                    continue  # answered through its response sender, already or later
+                if self.streams.pop((result.batch_id, index), None) is None:
+                    continue  # already answered through its response sender
+            self._answer(request, response, stats, now)
         pool.put_idle(self)
+
+    @staticmethod
+    def _answer(request: InferRequest, response: InferResponse | ServerError, stats: ModelStats,
+                now: int = 0) -> None:
+        failed = isinstance(response, ServerError)
+        stats.finished(not failed, request.batch_size, (now or time.monotonic_ns()) - request.arrival_ns)
+        if request.future.done():
+            return
+        if failed:
+            request.future.set_exception(response)
+        else:
+            request.future.set_result(response)
 
 
 class InstancePool:
@@ -468,6 +490,7 @@ class InstancePool:
         self.gpus: list[int] | None = None  # the server's GPUs, for KIND_MODEL instances
         self.execution_timeout = 0.0  # seconds a batch may run before its worker is killed; 0: no limit
         self.decoupled = False  # responses stream back, any number per request
+        self.senders = backend == "python"  # a request may be answered through its response sender
         self.load_timeout = 0.0  # seconds a worker may take to load before it is killed; 0: no limit
         self.bls: Callable | None = None  # the dataplane's infer, for models' own requests (BLS)
         self.control = None  # the dataplane's model_call, for python models that load or unload models

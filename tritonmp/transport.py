@@ -59,6 +59,7 @@ class ResponseHeader(msgspec.Struct, array_like=True, omit_defaults=True):
     outputs: list[TensorRef] = []
     error: str = ""
     error_status: str = "INTERNAL"
+    deferred: bool = False  # the response comes (or came) as a STREAM message from the response sender
 
 
 class Result(msgspec.Struct, array_like=True):

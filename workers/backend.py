@@ -22,7 +22,7 @@ class WorkRequest:
     outputs: list[str]  # requested output names; empty means all
     parameters: dict = field(default_factory=dict)
     batch_sizes: list[int] = field(default_factory=list)
-    sender: object = None  # decoupled models: send(WorkResponse | None, final: bool)
+    sender: object = None  # python models: send(WorkResponse | None, final: bool), any time until final
     # outputs the client wants in its system shared memory: name -> the writable window there, so a
     # backend that can write its output in place saves a copy
     output_buffers: dict = field(default_factory=dict)
@@ -36,6 +36,7 @@ class WorkResponse:
     outputs: list[WorkTensor] = field(default_factory=list)
     error: str = ""
     error_status: str = "INTERNAL"
+    deferred: bool = False  # the response went, or will go, through the request's response sender
 
 
 class BackendError(Exception):

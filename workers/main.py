@@ -76,11 +76,12 @@ class Worker:
         self.cuda_regions = CudaRegions(spec.device_id, spec.kind, spec.instance_name)
 
     def send(self, kind: bytes, header, frames=()) -> None:
-        with self.send_lock:  # decoupled models may send from threads of their own
+        with self.send_lock:  # models may send responses from threads of their own
             transport.send_message(self.sock, kind, transport.encode(header), frames)
 
     def stream_sender(self, batch_id: int, index: int):
-        """The send function behind one request's response sender (decoupled models)."""
+        """The send function behind one request's response sender: a STREAM message per response, which
+        the frontend matches to the request by (batch, index)."""
 
         def send(response: WorkResponse | None, final: bool) -> None:
             frames: list = []
@@ -243,7 +244,7 @@ class Worker:
         except ValueError as e:  # a client region that cannot be mapped or opened
             self.send(transport.RESULT, transport.Result(header.batch_id, [], error=str(e)))
             return
-        if getattr(self.backend, "decoupled", False):
+        if getattr(self.backend, "uses_senders", False):
             for index, request in enumerate(requests):
                 request.sender = self.stream_sender(header.batch_id, index)
         t1 = time.perf_counter_ns()
@@ -263,7 +264,7 @@ class Worker:
             try:
                 refs = [self.encode_tensor(t, out_frames, dests.get(t.name)) for t in r.outputs]
                 headers.append(transport.ResponseHeader(outputs=refs, error=r.error,
-                                                        error_status=r.error_status))
+                                                        error_status=r.error_status, deferred=r.deferred))
             except OutputError as e:
                 headers.append(transport.ResponseHeader(error=str(e)))
             except (ValueError, TypeError, KeyError) as e:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 
 import numpy as np
@@ -166,23 +167,108 @@ class InferenceResponse:
 
 
 class InferenceResponseSender:
-    """Sends a decoupled model's responses, any number per request, then the final flag."""
+    """Sends a request's responses from the model, during `execute` or after it returns (from any
+    thread), with Triton's rules: a decoupled model sends any number of responses and then the final
+    flag; any other model sends one response, and may send the final flag after it. A send that breaks
+    a rule raises TritonModelException and, where the request is still open, ends it with that error,
+    so that no client waits for a response that cannot come. A non-decoupled model's one response
+    reaches its client when it is sent."""
 
-    def __init__(self, send):
-        self._send = send
-        self._closed = False
+    def __init__(self, send, decoupled: bool = True):
+        self._send = send  # send(response | None, final: bool, error: str = "")
+        self._decoupled = decoupled
+        self._lock = threading.Lock()
+        self._closed = False  # the final flag was sent (Triton's "closed" sender)
+        self._ended = False  # the client has had its last response or error
+        self._sent = 0
+        self._used = False  # handed to the model by get_response_sender()
+        # while execute() runs, a broken rule only raises: the exception it becomes, if the model lets
+        # it out of execute(), answers the batch as Triton answers it; else the rule ends the request
+        self._executing = True
+        self._problem = ""
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException("Inference Response object must be provided when the response flags is "
+                                       "set to zero.")
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        with self._lock:
+            problem = self._check(response, final)
+            if problem:
+                if self._executing:
+                    self._closed, self._problem = True, self._problem or problem
+                else:
+                    self._end_with(problem)
+                raise TritonModelException(problem)
+            self._closed = final
+            self._sent += 1
+            if self._ended:
+                return  # a non-decoupled model's final flag after its response
+            self._ended = final or not self._decoupled
+            self._send(response, self._ended)
+
+    def _check(self, response, final: bool) -> str:
+        if not self._decoupled:
+            if response is not None and self._sent:
+                return "Unable to send response. Non-decoupled model cannot send more than one response."
+            if response is None and final and not self._sent:
+                return ("Unable to send response. Non-decoupled model cannot send complete final before "
+                        "sending a response.")
         if self._closed:
-            raise TritonModelException("this request's final response was already sent")
-        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        if response is None and not final:
-            raise TritonModelException("send() needs a response or the TRITONSERVER_RESPONSE_COMPLETE_FINAL flag")
-        self._closed = final
-        self._send(response, final)
+            return "Unable to send response. Response sender has been closed."
+        return ""
+
+    def _end_with(self, problem: str) -> None:
+        """End the request with the model's mistake, unless it has already ended (lock held)."""
+        self._closed = True
+        if not self._ended:
+            self._ended = True
+            self._send(None, True, problem)
+
+    # -- the worker's side -----------------------------------------------------------------
+    def _executed(self) -> None:
+        """execute() has returned without raising: a rule it broke and caught ends the request now."""
+        with self._lock:
+            self._executing = False
+            if self._problem:
+                self._end_with(self._problem)
+    def _claim(self) -> str:
+        """execute() returned a response for this request: '' when it may answer the request (the
+        sender is closed then), else the rule it breaks (and the request ends with that error)."""
+        with self._lock:
+            problem = self._check(True, True)
+            if problem:
+                self._end_with(problem)
+                return problem
+            self._closed = self._ended = True
+            self._sent += 1
+            return ""
+
+    def _fail(self, problem: str) -> None:
+        with self._lock:
+            self._end_with(problem)
+
+    def _abort(self) -> None:
+        """The whole batch failed and its error goes to every open request: nothing more may be sent."""
+        with self._lock:
+            self._closed = self._ended = True
 
     def is_cancelled(self) -> bool:
         return False
+
+    def __del__(self):
+        """A request whose sender is gone before its last response would leave its client waiting: end it
+        with an error, from a thread of its own (this may run inside another send, holding the lock)."""
+        if self._ended:
+            return
+        try:
+            threading.Thread(target=self._fail, daemon=True, args=(
+                "the model released this request without sending its final response "
+                "(TRITONSERVER_RESPONSE_COMPLETE_FINAL)",)).start()
+        except RuntimeError:  # the interpreter is shutting down
+            pass
 
 
 class InferenceRequest:
@@ -230,8 +316,9 @@ class InferenceRequest:
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
-            raise TritonModelException("get_response_sender() needs a model whose model_transaction_policy is "
-                                       "decoupled")
+            raise TritonModelException("get_response_sender() is only available on requests that a model "
+                                       "receives in execute()")
+        self._sender._used = True
         return self._sender
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:

@@ -8,6 +8,7 @@ import inspect
 import json
 import os
 import sys
+import threading
 import traceback
 
 from tritonmp.transport import TensorSpec, WorkerSpec
@@ -34,6 +35,8 @@ def _work_response(result) -> WorkResponse:
 
 
 class PythonBackend:
+    uses_senders = True  # every request has a response sender (WorkRequest.sender)
+
     def __init__(self, spec: WorkerSpec, config: dict):
         install_utils_module()
         pb_utils.Logger.verbose = spec.log_verbose
@@ -76,14 +79,14 @@ class PythonBackend:
         return [], []
 
     def execute(self, requests: list[WorkRequest]) -> list[WorkResponse]:
-        pb_requests = []
+        pb_requests, senders = [], []
         for r in requests:
             tensors = [pb_utils.Tensor(t.name, t.array, t.datatype) for t in r.inputs]
-            sender = None
-            if r.sender is not None:
-                sender = pb_utils.InferenceResponseSender(
-                    lambda response, final, send=r.sender: send(None if response is None else _work_response(response),
-                                                                final))
+            sender = pb_utils.InferenceResponseSender(
+                lambda response, final, error="", send=r.sender: send(
+                    _work_response(response) if response is not None else
+                    WorkResponse(error=error) if error else None, final), self.decoupled)
+            senders.append(sender)
             params = r.parameters or {}
             flags = (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if params.get("sequence_start") else 0) | \
                 (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if params.get("sequence_end") else 0)
@@ -92,25 +95,63 @@ class PythonBackend:
                 request_id=r.id, parameters=json.dumps(params, separators=(",", ":")), response_sender=sender,
                 correlation_id=params.get("sequence_id", 0), flags=flags))
         try:
-            results = self.model.execute(pb_requests)
-            if inspect.iscoroutine(results):  # `async def execute`, as Triton allows
-                results = self._loop().run_until_complete(results)
-        except Exception as e:
-            raise BackendError(f"Failed to process the request(s) for model instance "
-                               f"'{self.instance_name}', message: {type(e).__name__}: {e}") from None
-        if self.decoupled:
-            return []  # the responses went through the senders
-        if results is None or len(results) != len(requests):
-            got = "None" if results is None else f"{len(results)} responses"
-            raise BackendError(f"model instance '{self.instance_name}' execute() returned {got} for "
-                               f"{len(requests)} requests; it must return one InferenceResponse per request")
-        return [_work_response(result) for result in results]
+            try:
+                results = self.model.execute(pb_requests)
+                if inspect.iscoroutine(results):  # `async def execute`, as Triton allows
+                    results = asyncio.run_coroutine_threadsafe(results, self._loop()).result()
+            except Exception as e:
+                raise self._failed(f"{type(e).__name__}: {e}") from None
+            for sender in senders:
+                sender._executed()
+            if self.decoupled:
+                if results is not None:
+                    raise self._failed(f"Python model '{self.instance_name}' is using the decoupled mode and the "
+                                       "execute function must return None.")
+                return []  # the responses go through the senders
+            return self._returned(results, requests, senders)
+        except BackendError:
+            for sender in senders:
+                sender._abort()
+            raise
+        finally:
+            del pb_requests  # so that senders the model did not keep end their requests now
+
+    def _failed(self, message: str) -> BackendError:
+        return BackendError(f"Failed to process the request(s) for model '{self.instance_name}', message: {message}")
+
+    def _returned(self, results, requests: list[WorkRequest], senders: list) -> list[WorkResponse]:
+        """A non-decoupled model's answers: what execute returned, request by request; a request whose
+        answer is None is answered through its response sender (deferred), now or later."""
+        if results is None:
+            results = [None] * len(requests)
+        elif not isinstance(results, (list, tuple)):
+            raise self._failed(f"Expected a list in the execute return, found type '{type(results).__name__}'.")
+        if len(results) != len(requests):
+            raise self._failed(f"Number of InferenceResponse objects do not match the number of InferenceRequest "
+                               f"objects. InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) "
+                               f"size is:{len(results)}")
+        answers = []
+        for result, sender in zip(results, senders):
+            if result is None:
+                if not sender._used:
+                    sender._fail(f"model instance '{self.instance_name}' execute() returned no response for this "
+                                 "request and did not take its response sender")
+                answers.append(WorkResponse(deferred=True))
+            else:
+                problem = sender._claim()
+                answers.append(WorkResponse(deferred=True) if problem else _work_response(result))
+        return answers
 
     def _loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop of `async def execute`, running in a thread of its own, so that tasks the
+        model starts keep running (and sending responses) after execute returns."""
         if self.loop is None:
             self.loop = asyncio.new_event_loop()
+            threading.Thread(target=self.loop.run_forever, name="model-asyncio", daemon=True).start()
         return self.loop
 
     def finalize(self) -> None:
         if hasattr(self.model, "finalize"):
             self.model.finalize()
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.loop.stop)
