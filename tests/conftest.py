@@ -205,7 +205,8 @@ def example_repo(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def test_repo(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("models") / "repo"
-    shutil.copytree(TEST_MODELS, repo)
+    # response_sender is served in its eight variants by response_sender_repo
+    shutil.copytree(TEST_MODELS, repo, ignore=shutil.ignore_patterns("response_sender"))
     return repo
 
 

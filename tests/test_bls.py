@@ -23,3 +23,55 @@ def test_bls_reaches_other_models(server, target):
 def test_bls_error_comes_back_to_the_caller(server):
     with pytest.raises(InferenceServerException, match="Request for unknown model: 'nope' is not found"):
         _call(server, "nope")
+
+
+def _stream_call(server, n, mode):
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        inputs = [httpclient.InferInput("N", [1], "INT32"), httpclient.InferInput("MODE", [1], "BYTES")]
+        inputs[0].set_data_from_numpy(np.array([n], np.int32))
+        inputs[1].set_data_from_numpy(np.array([mode.encode()], dtype=object))
+        result = client.infer("bls_stream", inputs)
+        return (result.as_numpy("I").tolist(), int(result.as_numpy("EMPTY")[0]),
+                [e.decode() for e in result.as_numpy("ERRORS")])
+    finally:
+        client.close()
+
+
+def test_decoupled_bls_iterates_every_response_then_the_empty_final_one(server):
+    assert _stream_call(server, 3, "exec") == ([0, 1, 2], 1, [])
+    assert _stream_call(server, 0, "exec") == ([], 1, [])
+
+
+def test_decoupled_bls_calls_run_at_once_with_async_exec(server):
+    assert _stream_call(server, 2, "async") == ([0, 1, 0, 1, 2], 2, [])
+
+
+def test_decoupled_bls_to_a_non_decoupled_model_yields_its_one_final_response(server):
+    assert _stream_call(server, 0, "plain") == ([2, 2, 2], 0, [])
+
+
+def test_cancelling_a_decoupled_bls_call_reaches_the_model_it_runs_on(server):
+    values, empty, errors = _stream_call(server, 500, "cancel")  # 500 ticks would take 10 s
+    assert values[:2] == [0, 1] and len(values) < 500
+    assert errors == ["Request for the model was cancelled"] and empty == 0
+    server.wait_until(lambda: "ticker: cancelled after" in server.log(), 30, "the ticker model to see is_cancelled()")
+
+
+def test_a_grpc_client_that_cancels_its_stream_reaches_the_model(server):
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    before = server.log().count("ticker: cancelled after")
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    x = grpcclient.InferInput("N", [1], "INT32")
+    x.set_data_from_numpy(np.array([500], np.int32))
+    client.async_stream_infer("ticker", [x])
+    assert results.get(timeout=30)[1] is None
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    server.wait_until(lambda: server.log().count("ticker: cancelled after") > before, 30,
+                      "the ticker model to see is_cancelled()")

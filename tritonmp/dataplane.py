@@ -196,11 +196,15 @@ class Dataplane:
         self._prepare(mv, request)
         request.stream = asyncio.Queue()
         mv.scheduler.submit(request)
-        while True:
-            item = await request.stream.get()
-            if item is None:
-                return
-            yield item
+        try:
+            while True:
+                item = await request.stream.get()
+                if item is None:
+                    return
+                yield item
+        finally:
+            if not request.future.done():  # the client has gone: the model sees is_cancelled()
+                request.future.cancel()
 
     def _prepare(self, mv, request: InferRequest) -> None:
         """Resolve client shared memory, check the request against the model, and log it."""

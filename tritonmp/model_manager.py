@@ -211,6 +211,7 @@ class ModelManager:
         self._retiring: set[asyncio.Task] = set()
         self.retiring: set[ModelVersion] = set()  # replaced or unloaded, finishing their requests
         self.bls = None  # the dataplane's infer, for python models' own requests (set by the server)
+        self.bls_stream = None  # the dataplane's infer_stream, for their decoupled requests
         self.control = None  # the dataplane's model_call, for python models' is_model_ready and loads
         self._startup: dict[str, asyncio.Task] = {}  # loads under way at startup, by model name
 
@@ -352,6 +353,7 @@ class ModelManager:
             new = {v: ModelVersion(name, v, completed, specs, self.options) for v in versions}
         for mv in new.values():
             mv.pool.bls = self.bls
+            mv.pool.bls_stream = self.bls_stream
             mv.pool.control = self.control
         await asyncio.gather(*(mv.load() for mv in new.values()))
         failed = [mv for mv in new.values() if mv.state != "READY"]

@@ -86,6 +86,7 @@ class Instance:
         # senders), by (batch id, index in the batch), until their final response
         self.streams: dict[tuple[int, int], InferRequest] = {}
         self._deadline: asyncio.TimerHandle | None = None  # the progress watchdog of the batch in flight
+        self.calls: dict[int, asyncio.Task] = {}  # the worker's decoupled BLS calls in progress, by number
         self._watch: asyncio.Task | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -297,7 +298,14 @@ class Instance:
         elif kind == transport.BLS:
             request = transport.decode(transport.BlsRequest, header)
             # the frames are views of this message's own buffer, which nothing else reuses
-            asyncio.get_running_loop().create_task(self._bls(request, frames))
+            task = asyncio.get_running_loop().create_task(self._bls(request, frames))
+            if request.decoupled:
+                self.calls[request.call] = task
+                task.add_done_callback(lambda _, call=request.call: self.calls.pop(call, None))
+        elif kind == transport.BLS_CANCEL:
+            task = self.calls.get(transport.decode(transport.BlsCancel, header).call)
+            if task is not None:
+                task.cancel()
         elif kind == transport.READY:
             ready = transport.decode(transport.Ready, header)
             if ready.protocol != transport.PROTOCOL_VERSION:
@@ -350,33 +358,53 @@ class Instance:
             request.future.set_result(None)
 
     async def _bls(self, msg: transport.BlsRequest, frames: list[memoryview]) -> None:
-        """Serve a model's own request to another model, and answer on this worker's channel."""
+        """Serve a model's own request to another model, and answer on this worker's channel: once, or
+        for a decoupled call with every response until the final one."""
         channel = self.channel
+
+        def answer(reply: transport.BlsResult, reply_frames: list) -> None:
+            reply.call = msg.call
+            if channel is not None and channel is self.channel:
+                channel.send(transport.BLS_RESULT, transport.encode(reply), reply_frames)
+
         try:
             if msg.control:
                 if self.pool.control is None:
                     raise ServerError("model control is not available here", Status.UNAVAILABLE)
                 value = await self.pool.control(msg.control, msg.model_name, msg.model_version, msg.control_args)
-                channel.send(transport.BLS_RESULT, transport.encode(transport.BlsResult(value=value)), [])
+                answer(transport.BlsResult(value=value), [])
                 return
             if self.pool.bls is None:
                 raise ServerError("BLS requests are not available here", Status.UNAVAILABLE)
             inputs = [Tensor(r.name, r.datatype, list(r.shape), frames[r.frame]) for r in msg.inputs]
             outputs = [RequestedOutput(name) for name in msg.outputs] or None
             request = InferRequest(msg.model_name, msg.model_version, msg.id, inputs, outputs, msg.parameters)
+            if msg.decoupled:
+                await self._bls_stream(request, answer)
+                return
             response = await self.pool.bls(request)
-            refs, out_frames = [], []
-            for t in response.outputs:
-                refs.append(transport.TensorRef(t.name, t.datatype, t.shape, frame=len(out_frames)))
-                out_frames.append(t.data)
-            reply, reply_frames = transport.BlsResult(outputs=refs), out_frames
+            answer(*_bls_result(response))
         except ServerError as e:
-            reply, reply_frames = transport.BlsResult(error=e.message, error_status=e.status.name), []
+            answer(transport.BlsResult(error=e.message, error_status=e.status.name), [])
+        except asyncio.CancelledError:  # the model cancelled its decoupled call: end the iterator
+            answer(transport.BlsResult(error="Request for the model was cancelled", error_status="CANCELLED"), [])
         except Exception as e:  # a bug of ours must still answer, or the model would wait forever
             log.exception("BLS request from '%s' failed", self.spec.name)
-            reply, reply_frames = transport.BlsResult(error=f"internal error: {type(e).__name__}: {e}"), []
-        if channel is not None and channel is self.channel:
-            channel.send(transport.BLS_RESULT, transport.encode(reply), reply_frames)
+            answer(transport.BlsResult(error=f"internal error: {type(e).__name__}: {e}"), [])
+
+    async def _bls_stream(self, request: InferRequest, answer) -> None:
+        """Every response of a decoupled BLS call, as it comes; the last carries the final flag."""
+        final = False
+        async for item in self.pool.bls_stream(request):
+            if isinstance(item, ServerError):
+                answer(transport.BlsResult(error=item.message, error_status=item.status.name, final=False), [])
+                continue
+            reply, reply_frames = _bls_result(item)
+            reply.final, reply.empty = item.final, item.empty
+            final = item.final
+            answer(reply, reply_frames)
+        if not final:
+            answer(transport.BlsResult(empty=True), [])
 
     # -- work ------------------------------------------------------------------------------
     def run(self, batch: list[InferRequest]) -> None:
@@ -395,12 +423,20 @@ class Instance:
         if self.pool.decoupled or self.pool.senders:
             for index, request in enumerate(batch):
                 self.streams[(self.batch_id, index)] = request
+                request.future.add_done_callback(
+                    lambda future, key=(self.batch_id, index): future.cancelled() and self._cancel(key))
         header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arena)
         self.sent_ns = now
         self.encode_ns = time.monotonic_ns() - now
         self.channel.send(transport.EXECUTE, header, frames)
         if self.pool.execution_timeout > 0:
             self._deadline = asyncio.get_running_loop().call_later(self.pool.execution_timeout, self._hung)
+
+    def _cancel(self, key: tuple[int, int]) -> None:
+        """A request's client has gone while the model has it: tell the worker, whose model sees
+        is_cancelled()."""
+        if key in self.streams and self.channel is not None:
+            self.channel.send(transport.CANCEL, transport.encode(transport.Cancel(*key)), [])
 
     def _hung(self) -> None:
         """The progress watchdog: a batch that does not finish in time takes its worker down."""
@@ -472,6 +508,14 @@ class Instance:
             request.future.set_result(response)
 
 
+def _bls_result(response: InferResponse) -> tuple[transport.BlsResult, list]:
+    refs, frames = [], []
+    for t in response.outputs:
+        refs.append(transport.TensorRef(t.name, t.datatype, t.shape, frame=len(frames)))
+        frames.append(t.data)
+    return transport.BlsResult(outputs=refs), frames
+
+
 class InstancePool:
     """The instances of one model version and the queue of those ready for work."""
 
@@ -493,6 +537,7 @@ class InstancePool:
         self.senders = backend == "python"  # a request may be answered through its response sender
         self.load_timeout = 0.0  # seconds a worker may take to load before it is killed; 0: no limit
         self.bls: Callable | None = None  # the dataplane's infer, for models' own requests (BLS)
+        self.bls_stream: Callable | None = None  # the dataplane's infer_stream, for decoupled BLS requests
         self.control = None  # the dataplane's model_call, for python models that load or unload models
         self.instances = [Instance(self, s) for s in specs]
         self.idle: deque[Instance] = deque()

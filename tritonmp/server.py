@@ -190,6 +190,7 @@ class Server:
                               self.log_settings, self.tracer, self.cache)
         dataplane.server_id = self.server_id
         models.bls = dataplane.infer
+        models.bls_stream = dataplane.infer_stream
         models.control = dataplane.model_call
         poller = None
         code = 0

@@ -15,7 +15,7 @@ import struct
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 # message types
 READY = b"R"  # worker -> frontend: loaded, with backend metadata
@@ -26,6 +26,8 @@ STOP = b"S"  # frontend -> worker: finalize and exit
 BLS = b"B"  # worker -> frontend: a model's own inference request (BLS), sent while it executes
 BLS_RESULT = b"b"  # frontend -> worker: that request's response
 STREAM = b"T"  # worker -> frontend: one response of a decoupled model (any number per request)
+BLS_CANCEL = b"C"  # worker -> frontend: the model cancelled its decoupled BLS request (header: BlsCancel)
+CANCEL = b"c"  # frontend -> worker: a request's client has gone (header: Cancel)
 
 
 class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -78,6 +80,8 @@ class BlsRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     inputs: list[TensorRef]
     outputs: list[str] = []
     parameters: dict = {}
+    call: int = 0  # the worker's number for this call; its answers carry it
+    decoupled: bool = False  # answer with every response (BLS_RESULTs until one is final)
     # a model-control call instead of an inference: "is_model_ready", "load_model", "unload_model"
     control: str = ""
     control_args: dict = {}
@@ -88,6 +92,18 @@ class BlsResult(msgspec.Struct, array_like=True, omit_defaults=True):
     error: str = ""
     error_status: str = "INTERNAL"
     value: bool = False  # a model-control call's answer
+    call: int = 0
+    final: bool = True  # the last answer to the call (decoupled calls have any number)
+    empty: bool = False  # no response, only the final flag
+
+
+class BlsCancel(msgspec.Struct, array_like=True):
+    call: int
+
+
+class Cancel(msgspec.Struct, array_like=True):
+    batch_id: int
+    index: int  # the request's place in its batch
 
 
 class StreamResponse(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -142,7 +158,7 @@ _encoder = msgspec.msgpack.Encoder()
 encode = _encoder.encode
 _decoders = {
     cls: msgspec.msgpack.Decoder(cls)
-    for cls in (Execute, Result, Ready, LoadFailed, BlsRequest, BlsResult, StreamResponse)
+    for cls in (Execute, Result, Ready, LoadFailed, BlsRequest, BlsResult, StreamResponse, BlsCancel, Cancel)
 }
 
 

@@ -26,6 +26,7 @@ from tritonmp.arena import Arena
 from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor
 from .client_shm import ClientRegions
 from .cuda_shm import CudaRegions
+from .inbox import Inbox
 
 PR_SET_PDEATHSIG = 1
 
@@ -67,7 +68,7 @@ class Worker:
     def __init__(self, spec: transport.WorkerSpec):
         self.spec = spec
         self.sock = socket.socket(fileno=spec.fd)
-        self.reader = transport.MessageReader(self.sock)
+        self.inbox = Inbox(self.sock)
         self.send_lock = threading.Lock()
         self.in_arena = Arena(spec.in_arena, 0, create=False)
         self.out_arena = Arena(spec.out_arena, 0, create=False)
@@ -96,23 +97,24 @@ class Worker:
                     frames = []
                     header = transport.StreamResponse(batch_id, index, error=f"cannot return the model's output: {e}",
                                                       final=final)
+            if final:
+                self.inbox.forget(batch_id, index)
             self.send(transport.STREAM, header, frames)
 
         return send
 
     def _ask(self, header: transport.BlsRequest, frames: list) -> tuple[transport.BlsResult, list]:
-        """Send a model's own request to the frontend and wait for its answer. Only a STOP may
-        come in between (the frontend sends nothing else to a busy worker)."""
-        self.send(transport.BLS, header, frames)
-        while True:
-            message = self.reader.read()
-            if message is None:
-                raise SystemExit(0)  # the frontend has gone
-            kind, head, reply_frames = transport.unpack(message)
-            if kind == transport.STOP:
-                raise SystemExit(0)
-            if kind == transport.BLS_RESULT:
-                return transport.decode(transport.BlsResult, head), reply_frames
+        """Send a model's own request to the frontend and wait for its one answer."""
+        number, answers = self.inbox.open_call()
+        try:
+            header.call = number
+            self.send(transport.BLS, header, frames)
+            answer = answers.get()
+        finally:
+            self.inbox.close_call(number)
+        if answer is None:
+            raise SystemExit(0)  # the frontend has gone
+        return answer
 
     def control(self, op: str, model: str, version: str = "", **args) -> bool:
         """A model's own is_model_ready, load_model or unload_model, answered by the frontend."""
@@ -123,12 +125,7 @@ class Worker:
             raise pb_utils.TritonModelException(result.error)
         return result.value
 
-    def bls(self, request) -> object:
-        """A model's own inference request: send it to the frontend, wait for the response. Only a
-        STOP may come in between (the frontend sends nothing else to a busy worker)."""
-        from . import pb_utils
-
-        frames: list = []
+    def _bls_header(self, request, frames: list, decoupled: bool) -> transport.BlsRequest:
         refs = []
         for t in request.inputs():
             array = np.asarray(t.as_numpy())
@@ -138,17 +135,52 @@ class Worker:
             frames.append(buf)
         params = json.loads(request.parameters()) if request.parameters() else {}
         version = "" if request.model_version() in (-1, None) else str(request.model_version())
-        header = transport.BlsRequest(request.request_id(), request.model_name(), version, refs,
-                                      request.requested_output_names(), params)
-        result, reply_frames = self._ask(header, frames)
+        return transport.BlsRequest(request.request_id(), request.model_name(), version, refs,
+                                    request.requested_output_names(), params, decoupled=decoupled)
+
+    def _bls_response(self, result: transport.BlsResult, frames) -> object:
+        from . import pb_utils
+
         if result.error:
             code = getattr(pb_utils.TritonError, result.error_status, pb_utils.TritonError.INTERNAL)
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(result.error, code))
         tensors = []
         for ref in result.outputs:
-            t = self.decode_tensor(ref, reply_frames)
+            t = self.decode_tensor(ref, frames)
             tensors.append(pb_utils.Tensor(t.name, t.array, t.datatype))
         return pb_utils.InferenceResponse(tensors)
+
+    def bls(self, request, decoupled: bool = False) -> object:
+        """A model's own inference request: sent to the frontend, from any thread of the model. One
+        InferenceResponse, or for a decoupled call a ResponseIterator over every response."""
+        from . import pb_utils
+
+        frames: list = []
+        header = self._bls_header(request, frames, decoupled)
+        if not decoupled:
+            return self._bls_response(*self._ask(header, frames))
+        number, answers = self.inbox.open_call()
+        header.call = number
+        self.send(transport.BLS, header, frames)
+
+        def responses():
+            try:
+                while True:
+                    answer = answers.get()
+                    if answer is None:
+                        raise SystemExit(0)  # the frontend has gone
+                    result, reply_frames = answer
+                    # the final flag alone arrives as an empty response, as Triton's iterator yields it
+                    yield pb_utils.InferenceResponse() if result.empty else self._bls_response(result, reply_frames)
+                    if result.final:
+                        return
+            finally:
+                self.inbox.close_call(number)
+
+        def cancel():
+            self.send(transport.BLS_CANCEL, transport.BlsCancel(number))
+
+        return pb_utils.ResponseIterator(responses(), cancel)
 
     def start(self) -> bool:
         try:
@@ -244,9 +276,11 @@ class Worker:
         except ValueError as e:  # a client region that cannot be mapped or opened
             self.send(transport.RESULT, transport.Result(header.batch_id, [], error=str(e)))
             return
-        if getattr(self.backend, "uses_senders", False):
+        uses_senders = getattr(self.backend, "uses_senders", False)
+        if uses_senders:
             for index, request in enumerate(requests):
                 request.sender = self.stream_sender(header.batch_id, index)
+                request.cancelled = self.inbox.cancel_flag(header.batch_id, index)
         t1 = time.perf_counter_ns()
         try:
             responses = self.backend.execute(requests)
@@ -259,6 +293,10 @@ class Worker:
         out_frames: list = []
         self.out_arena.reset()
         headers = []
+        if uses_senders:  # requests that have ended: a late cancellation has nothing to reach
+            for index in range(len(requests)):
+                if batch_error or (index < len(responses) and not responses[index].deferred):
+                    self.inbox.forget(header.batch_id, index)
         for request, r in zip(header.requests, responses):
             dests = {d.name: d for d in request.shm_outputs}
             try:
@@ -275,10 +313,10 @@ class Worker:
 
     def serve(self) -> None:
         while True:
-            message = self.reader.read()
+            message = self.inbox.next()
             if message is None:
                 break  # the frontend has gone
-            kind, header, frames = transport.unpack(message)
+            kind, header, frames = message
             if kind == transport.EXECUTE:
                 self.run_batch(transport.decode(transport.Execute, header), frames)
             elif kind == transport.STOP:

@@ -174,8 +174,9 @@ class InferenceResponseSender:
     so that no client waits for a response that cannot come. A non-decoupled model's one response
     reaches its client when it is sent."""
 
-    def __init__(self, send, decoupled: bool = True):
+    def __init__(self, send, decoupled: bool = True, cancelled: threading.Event | None = None):
         self._send = send  # send(response | None, final: bool, error: str = "")
+        self._cancelled = cancelled  # set when the request's client has gone
         self._decoupled = decoupled
         self._lock = threading.Lock()
         self._closed = False  # the final flag was sent (Triton's "closed" sender)
@@ -256,7 +257,8 @@ class InferenceResponseSender:
             self._closed = self._ended = True
 
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the request's client has gone (or its BLS caller cancelled it)."""
+        return self._cancelled is not None and self._cancelled.is_set()
 
     def __del__(self):
         """A request whose sender is gone before its last response would leave its client waiting: end it
@@ -269,6 +271,44 @@ class InferenceResponseSender:
                 "(TRITONSERVER_RESPONSE_COMPLETE_FINAL)",)).start()
         except RuntimeError:  # the interpreter is shutting down
             pass
+
+
+class ResponseIterator:
+    """The responses of a decoupled BLS request (`exec(decoupled=True)`), as they arrive; the last one
+    carries the final flag and may be empty. Iterating again after the end yields them all again."""
+
+    def __init__(self, responses, cancel):
+        self._source = responses  # a generator of InferenceResponse, ending after the final one
+        self._cancel = cancel
+        self._seen: list[InferenceResponse] = []
+        self._index = 0
+        self._finished = False
+
+    def __iter__(self) -> ResponseIterator:
+        if self._finished:
+            self._index = 0
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._finished:
+            if self._index < len(self._seen):
+                self._index += 1
+                return self._seen[self._index - 1]
+            raise StopIteration
+        try:
+            response = next(self._source)
+        except StopIteration:
+            self._finished = True
+            self._index = len(self._seen)
+            raise
+        self._seen.append(response)
+        return response
+
+    def cancel(self) -> None:
+        """Ask the server to cancel the request: the model it runs on sees is_cancelled(), and the
+        iterator ends with the responses sent until then (and a CANCELLED error when it was cut short)."""
+        if not self._finished:
+            self._cancel()
 
 
 class InferenceRequest:
@@ -312,7 +352,8 @@ class InferenceRequest:
         return self._timeout
 
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the request's client has gone (or its BLS caller cancelled it)."""
+        return self._sender is not None and self._sender.is_cancelled()
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
@@ -321,19 +362,20 @@ class InferenceRequest:
         self._sender._used = True
         return self._sender
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Run this request on another model of the server (BLS) and wait for its response."""
-        if decoupled:
-            return InferenceResponse(error=TritonError("decoupled BLS requests are not supported by tritonmp yet",
-                                                       TritonError.UNSUPPORTED))
+    def exec(self, decoupled: bool = False):
+        """Run this request on a model of the server (BLS) and wait for its response; with
+        decoupled=True, a ResponseIterator over every response as it comes."""
         if _bls_executor is None:
-            return InferenceResponse(error=TritonError("BLS requests can only be made from execute()",
-                                                       TritonError.UNAVAILABLE))
-        return _bls_executor(self)
+            error = InferenceResponse(error=TritonError("BLS requests can only be made by a model served by tritonmp",
+                                                        TritonError.UNAVAILABLE))
+            return ResponseIterator(iter([error]), lambda: None) if decoupled else error
+        return _bls_executor(self, decoupled)
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
-        # runs to completion before returning: concurrent async_exec calls are served one after another
-        return self.exec(decoupled)
+    async def async_exec(self, decoupled: bool = False):
+        """exec() in a thread of the event loop's executor, so that several requests run at once."""
+        import asyncio
+
+        return await asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
 
     def model_name(self) -> str:
         return self._model_name

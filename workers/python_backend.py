@@ -85,7 +85,7 @@ class PythonBackend:
             sender = pb_utils.InferenceResponseSender(
                 lambda response, final, error="", send=r.sender: send(
                     _work_response(response) if response is not None else
-                    WorkResponse(error=error) if error else None, final), self.decoupled)
+                    WorkResponse(error=error) if error else None, final), self.decoupled, r.cancelled)
             senders.append(sender)
             params = r.parameters or {}
             flags = (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if params.get("sequence_start") else 0) | \
