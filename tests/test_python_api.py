@@ -1,5 +1,7 @@
 """The python backend's API beyond the common path, used the way Triton's documentation shows."""
 
+import re
+
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -87,3 +89,47 @@ def test_a_model_checks_loads_and_unloads_models(start_server, tmp_path, example
         assert client.get_model_config("added")["max_batch_size"] == 2
     finally:
         client.close()
+
+
+NAMES_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X")
+            # a BLS request that carries this request's trace and prefers its outputs in CPU memory
+            bls = pb_utils.InferenceRequest(
+                model_name="add_py", inputs=[pb_utils.Tensor("A", np.ones((1, 3), np.float32)),
+                                             pb_utils.Tensor("B", np.ones((1, 3), np.float32))],
+                requested_output_names=["C"], trace=request.trace(),
+                preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0))
+            c = bls.exec().output_tensors()[0]
+            assert c.is_cpu() and c.as_numpy().tolist() == [[2.0, 2.0, 2.0]]
+            assert request.trace().get_context() is None  # no OpenTelemetry context to hand on
+            assert pb_utils.MemoryType.TRITONSERVER_MEMORY_GPU != pb_utils.TRITONSERVER_MEMORY_CPU
+            free = pb_utils.SharedMemory().free_memory()
+            assert free > 0, free
+            pb_utils.Logger.log("names model: at warning level", pb_utils.Logger.WARNING)
+            pb_utils.Logger.log("names model: at info level", pb_utils.LogLevel.INFO)
+            assert not request.is_cancelled() and not pb_utils.using_decoupled_model_transaction_policy({})
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x.as_numpy() + 1)]))
+        return responses
+"""
+
+
+def test_the_rest_of_the_python_backend_api_is_there(start_server, tmp_path, example_repo):
+    write_model(tmp_path / "repo", "names", NAMES_MODEL, X_TO_Y_CONFIG)
+    server = start_server([tmp_path / "repo", example_repo])
+    x = httpclient.InferInput("X", [1], "FP32")
+    x.set_data_from_numpy(np.array([41.0], np.float32))
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        assert client.infer("names", [x]).as_numpy("Y").tolist() == [42.0]
+    finally:
+        client.close()
+    assert re.search(r"^W\d{4} [\d:.]+ names_0_0\] names model: at warning level$", server.log(), re.M)
+    assert re.search(r"^I\d{4} [\d:.]+ names_0_0\] names model: at info level$", server.log(), re.M)

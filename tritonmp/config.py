@@ -398,7 +398,7 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
         if sb.state:
             problems.append(ConfigProblem(path, "sequence_batching.state", "implicit state is not supported by "
                                           "this server yet; keep the state in the model"))
-        if sb.iterative_sequence:
+        if sb.iterative_sequence and config.backend != "python":
             problems.append(ConfigProblem(path, "sequence_batching.iterative_sequence", "not supported by this "
                                           "server yet"))
         for i, c in enumerate(sb.control_input):

@@ -1,6 +1,6 @@
 """The Prometheus endpoint: Triton's nv_* metrics (per model version, CPU, and GPU through NVML),
 plus tritonmp_* metrics Triton lacks (batch-size and request-duration histograms, queue depth,
-in-flight requests, worker restarts, model load time).
+in-flight requests, worker restarts, model load time), and the metric families python models define.
 
 Everything is read at scrape time from the frontend's own counters (ModelStats, schedulers,
 pools), which workers' timings already reach through the result messages: no second set of
@@ -209,6 +209,7 @@ def render(models, system: SystemSampler) -> bytes:
                    sum(len(i.batch) for i in mv.pool.instances if i.batch is not None), **labels)
         out.sample("tritonmp_worker_restarts_total", mv.pool.restart_count, **labels)
         out.sample("tritonmp_model_load_duration_seconds", round(mv.load_seconds, 6), **labels)
+    models.custom_metrics.render(out)  # python models' own (pb_utils.MetricFamily)
     return ("\n".join(out.lines) + "\n").encode()
 
 

@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from . import config as cfg
 from .classification import read_labels
 from .config import ConfigProblem
+from .custom_metrics import CustomMetrics
 from .ensemble import EnsembleVersion
 from .errors import ServerError, internal, invalid, not_found, unavailable
 from .pool import InstancePool, InstanceSpec, LoadError
@@ -74,7 +75,12 @@ class ModelVersion:
                              list(db.preferred_batch_size) if db else [],
                              (db.max_queue_delay_microseconds if db else 0) * 1000)
         self.pool.on_unavailable = self._crash_looped
-        if c.HasField("sequence_batching"):
+        if c.HasField("sequence_batching") and c.sequence_batching.iterative_sequence:
+            # each request is a sequence of its own, run again for as long as the model reschedules it;
+            # requests run together up to max_batch_size, as their iterations come round
+            self.scheduler = Scheduler(self.pool, BatchPolicy(c.max_batch_size, c.max_batch_size > 0, [], 0))
+            self.pool.reschedule = self.scheduler.reschedule
+        elif c.HasField("sequence_batching"):
             self.scheduler = SequenceScheduler(self.pool, c)
         else:
             self.scheduler = Scheduler(self.pool, policy, priorities=priorities_of(c),
@@ -212,6 +218,7 @@ class ModelManager:
         self.retiring: set[ModelVersion] = set()  # replaced or unloaded, finishing their requests
         self.bls = None  # the dataplane's infer, for python models' own requests (set by the server)
         self.bls_stream = None  # the dataplane's infer_stream, for their decoupled requests
+        self.custom_metrics = CustomMetrics()  # python models' own metric families
         self.control = None  # the dataplane's model_call, for python models' is_model_ready and loads
         self._startup: dict[str, asyncio.Task] = {}  # loads under way at startup, by model name
 
@@ -354,6 +361,7 @@ class ModelManager:
         for mv in new.values():
             mv.pool.bls = self.bls
             mv.pool.bls_stream = self.bls_stream
+            mv.pool.custom_metrics = self.custom_metrics
             mv.pool.control = self.control
         await asyncio.gather(*(mv.load() for mv in new.values()))
         failed = [mv for mv in new.values() if mv.state != "READY"]

@@ -24,6 +24,7 @@ from . import batching, transport
 from .arena import Arena, segment_name
 from .channel import Channel
 from .core import InferRequest, InferResponse, RequestedOutput, Tensor
+from .custom_metrics import CustomMetrics
 from .errors import ServerError, Status
 from .stats import ModelStats
 
@@ -190,6 +191,7 @@ class Instance:
         if proc is not self.proc:
             return
         was_alive, self.alive = self.alive, False
+        self.pool.custom_metrics.worker_gone(proc.pid)
         reason = self.kill_reason or _describe_exit(code)
         self.kill_reason = ""
         if self._deadline is not None:
@@ -295,8 +297,18 @@ class Instance:
             self._on_result(transport.decode(transport.Result, header), frames)
         elif kind == transport.STREAM:
             self._on_stream(transport.decode(transport.StreamResponse, header), frames)
+        elif kind == transport.METRIC:
+            update = transport.decode(transport.MetricUpdate, header)
+            if update.op.startswith("delete"):
+                self.pool.custom_metrics.delete(update.family, update.labels if update.op == "delete" else None,
+                                                self.proc.pid)
+            else:
+                self.pool.custom_metrics.update(update.op, update.family, update.labels, update.value)
         elif kind == transport.BLS:
             request = transport.decode(transport.BlsRequest, header)
+            if request.control.startswith("metric_"):  # answered at once, in order with the updates
+                self._metric_call(request)
+                return
             # the frames are views of this message's own buffer, which nothing else reuses
             task = asyncio.get_running_loop().create_task(self._bls(request, frames))
             if request.decoupled:
@@ -356,6 +368,24 @@ class Instance:
         request.stream.put_nowait(None)
         if not request.future.done():
             request.future.set_result(None)
+
+    def _metric_call(self, msg: transport.BlsRequest) -> None:
+        """A model's new MetricFamily or Metric, or a Metric's value."""
+        registry, args, pid = self.pool.custom_metrics, msg.control_args, self.proc.pid
+        try:
+            reply = transport.BlsResult()
+            if msg.control == "metric_family_new":
+                registry.family_new(args["name"], args["description"], args["kind"], self.pool, pid)
+            elif msg.control == "metric_new":
+                registry.metric_new(args["family"], args["labels"], args.get("buckets"), self.pool, pid)
+            elif msg.control == "metric_value":
+                reply.number = registry.value(args["family"], args["labels"])
+            else:
+                raise ServerError(f"unknown metric call '{msg.control}'", Status.INVALID_ARG)
+        except ServerError as e:
+            reply = transport.BlsResult(error=e.message, error_status=e.status.name)
+        reply.call = msg.call
+        self.channel.send(transport.BLS_RESULT, transport.encode(reply), [])
 
     async def _bls(self, msg: transport.BlsRequest, frames: list[memoryview]) -> None:
         """Serve a model's own request to another model, and answer on this worker's channel: once, or
@@ -432,6 +462,14 @@ class Instance:
         if self.pool.execution_timeout > 0:
             self._deadline = asyncio.get_running_loop().call_later(self.pool.execution_timeout, self._hung)
 
+    def _run_again(self, batch_id: int, index: int, request: InferRequest) -> None:
+        """The model rescheduled the request (iterative sequences): back to the front of the queue, its
+        client still waiting."""
+        self.streams.pop((batch_id, index), None)
+        if request.future.done():
+            return  # its client has gone
+        self.pool.reschedule(request)
+
     def _cancel(self, key: tuple[int, int]) -> None:
         """A request's client has gone while the model has it: tell the worker, whose model sees
         is_cancelled()."""
@@ -465,6 +503,10 @@ class Instance:
                 for index, request in enumerate(batch):
                     if self.streams.pop((result.batch_id, index), None) is not None:
                         self._close_stream(request, ServerError(result.error, Status.INTERNAL))
+            elif len(result.responses) == len(batch):
+                for index, request in enumerate(batch):
+                    if result.responses[index].rescheduled:
+                        self._run_again(result.batch_id, index, request)
             pool.put_idle(self)
             return
         stats = pool.stats if not self.warming else ModelStats("warmup", 0)  # warmup is not traffic
@@ -488,6 +530,9 @@ class Instance:
         deferred = pool.senders and not result.error and len(result.responses) == len(batch)
         for index, (request, response) in enumerate(zip(batch, responses)):
             if pool.senders:
+                if deferred and result.responses[index].rescheduled:
+                    self._run_again(result.batch_id, index, request)
+                    continue
                 if deferred and result.responses[index].deferred:
                     continue  # answered through its response sender, already or later
                 if self.streams.pop((result.batch_id, index), None) is None:
@@ -538,6 +583,8 @@ class InstancePool:
         self.load_timeout = 0.0  # seconds a worker may take to load before it is killed; 0: no limit
         self.bls: Callable | None = None  # the dataplane's infer, for models' own requests (BLS)
         self.bls_stream: Callable | None = None  # the dataplane's infer_stream, for decoupled BLS requests
+        self.custom_metrics = CustomMetrics()  # the server's, set by the model manager
+        self.reschedule: Callable[[InferRequest], None] = lambda request: None  # the scheduler's, for iterative models
         self.control = None  # the dataplane's model_call, for python models that load or unload models
         self.instances = [Instance(self, s) for s in specs]
         self.idle: deque[Instance] = deque()
@@ -583,3 +630,4 @@ class InstancePool:
     async def stop(self, deadline: float) -> None:
         await asyncio.gather(*(i.stop(deadline) for i in self.instances), return_exceptions=True)
         self.idle.clear()
+        self.custom_metrics.drop_owner(self)  # the model's own metrics go with it

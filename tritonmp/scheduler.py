@@ -190,6 +190,14 @@ class Scheduler:
         request.future.add_done_callback(relay)
         return outer
 
+    def reschedule(self, request: InferRequest) -> None:
+        """A request its model asked to run again (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, iterative
+        sequences): ahead of everything queued, with no queue timeout, its client still waiting."""
+        request.deadline_ns, request.delayed = 0, False
+        self._per_level[request.priority] = self._per_level.get(request.priority, 0) + 1
+        self.queue.appendleft(request)
+        self.pump()
+
     def _insert(self, request: InferRequest) -> None:
         self._per_level[request.priority] = self._per_level.get(request.priority, 0) + 1
         if request.deadline_ns:

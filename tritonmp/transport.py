@@ -28,6 +28,7 @@ BLS_RESULT = b"b"  # frontend -> worker: that request's response
 STREAM = b"T"  # worker -> frontend: one response of a decoupled model (any number per request)
 BLS_CANCEL = b"C"  # worker -> frontend: the model cancelled its decoupled BLS request (header: BlsCancel)
 CANCEL = b"c"  # frontend -> worker: a request's client has gone (header: Cancel)
+METRIC = b"M"  # worker -> frontend: a custom metric's update or deletion, unanswered (header: MetricUpdate)
 
 
 class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -62,6 +63,7 @@ class ResponseHeader(msgspec.Struct, array_like=True, omit_defaults=True):
     error: str = ""
     error_status: str = "INTERNAL"
     deferred: bool = False  # the response comes (or came) as a STREAM message from the response sender
+    rescheduled: bool = False  # the model asked to run the request again (iterative sequences)
 
 
 class Result(msgspec.Struct, array_like=True):
@@ -92,6 +94,7 @@ class BlsResult(msgspec.Struct, array_like=True, omit_defaults=True):
     error: str = ""
     error_status: str = "INTERNAL"
     value: bool = False  # a model-control call's answer
+    number: float = 0.0  # a custom metric's value
     call: int = 0
     final: bool = True  # the last answer to the call (decoupled calls have any number)
     empty: bool = False  # no response, only the final flag
@@ -99,6 +102,13 @@ class BlsResult(msgspec.Struct, array_like=True, omit_defaults=True):
 
 class BlsCancel(msgspec.Struct, array_like=True):
     call: int
+
+
+class MetricUpdate(msgspec.Struct, array_like=True, omit_defaults=True):
+    op: str  # increment, set, observe, delete (a Metric), delete_family (a MetricFamily)
+    family: str
+    labels: dict = {}
+    value: float = 0.0
 
 
 class Cancel(msgspec.Struct, array_like=True):
@@ -158,7 +168,8 @@ _encoder = msgspec.msgpack.Encoder()
 encode = _encoder.encode
 _decoders = {
     cls: msgspec.msgpack.Decoder(cls)
-    for cls in (Execute, Result, Ready, LoadFailed, BlsRequest, BlsResult, StreamResponse, BlsCancel, Cancel)
+    for cls in (Execute, Result, Ready, LoadFailed, BlsRequest, BlsResult, StreamResponse, BlsCancel, Cancel,
+                MetricUpdate)
 }
 
 

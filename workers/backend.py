@@ -38,6 +38,7 @@ class WorkResponse:
     error: str = ""
     error_status: str = "INTERNAL"
     deferred: bool = False  # the response went, or will go, through the request's response sender
+    rescheduled: bool = False  # run the request again in a later batch (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
 
 
 class BackendError(Exception):

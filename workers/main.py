@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 
 import numpy as np
 
@@ -75,10 +76,27 @@ class Worker:
         self.backend = None
         self.client_regions = ClientRegions()
         self.cuda_regions = CudaRegions(spec.device_id, spec.kind, spec.instance_name)
+        self.metric_outbox: deque = deque()
 
     def send(self, kind: bytes, header, frames=()) -> None:
         with self.send_lock:  # models may send responses from threads of their own
+            while self.metric_outbox:  # custom metrics the model released since the last message
+                op, family, labels = self.metric_outbox.popleft()
+                transport.send_message(self.sock, transport.METRIC,
+                                       transport.encode(transport.MetricUpdate(op, family, labels)))
             transport.send_message(self.sock, kind, transport.encode(header), frames)
+
+    def metric_call(self, op: str, args: dict) -> float:
+        """A custom metric's creation or value, answered by the frontend."""
+        from . import pb_utils
+
+        result, _ = self._ask(transport.BlsRequest("", "", "", [], control=op, control_args=args), [])
+        if result.error:
+            raise pb_utils.TritonModelException(result.error)
+        return result.number
+
+    def metric_send(self, op: str, family: str, labels: dict, value: float) -> None:
+        self.send(transport.METRIC, transport.MetricUpdate(op, family, labels, value))
 
     def stream_sender(self, batch_id: int, index: int):
         """The send function behind one request's response sender: a STREAM message per response, which
@@ -134,6 +152,12 @@ class Worker:
                                             nbytes=len(buf) if isinstance(buf, bytes) else buf.nbytes))
             frames.append(buf)
         params = json.loads(request.parameters()) if request.parameters() else {}
+        if request.correlation_id():  # a request of a sequence, as the client protocols carry it
+            params["sequence_id"] = request.correlation_id()
+            params["sequence_start"] = bool(request.flags() & 1)
+            params["sequence_end"] = bool(request.flags() & 2)
+        if request.timeout():
+            params["timeout"] = request.timeout()
         version = "" if request.model_version() in (-1, None) else str(request.model_version())
         return transport.BlsRequest(request.request_id(), request.model_name(), version, refs,
                                     request.requested_output_names(), params, decoupled=decoupled)
@@ -190,6 +214,9 @@ class Worker:
 
                 pb_utils._bls_executor = self.bls
                 pb_utils._control_executor = self.control
+                pb_utils.pb_metrics._call, pb_utils.pb_metrics._send = self.metric_call, self.metric_send
+                self.metric_outbox = pb_utils.pb_metrics.outbox
+                pb_utils.SharedMemory._arena = self.out_arena
             self.backend = load_backend(self.spec, config)
             inputs, outputs = self.backend.metadata()
             detail = getattr(self.backend, "detail", "")
@@ -295,14 +322,15 @@ class Worker:
         headers = []
         if uses_senders:  # requests that have ended: a late cancellation has nothing to reach
             for index in range(len(requests)):
-                if batch_error or (index < len(responses) and not responses[index].deferred):
+                if batch_error or (index < len(responses) and (not responses[index].deferred
+                                                              or responses[index].rescheduled)):
                     self.inbox.forget(header.batch_id, index)
         for request, r in zip(header.requests, responses):
             dests = {d.name: d for d in request.shm_outputs}
             try:
                 refs = [self.encode_tensor(t, out_frames, dests.get(t.name)) for t in r.outputs]
-                headers.append(transport.ResponseHeader(outputs=refs, error=r.error,
-                                                        error_status=r.error_status, deferred=r.deferred))
+                headers.append(transport.ResponseHeader(outputs=refs, error=r.error, error_status=r.error_status,
+                                                        deferred=r.deferred, rescheduled=r.rescheduled))
             except OutputError as e:
                 headers.append(transport.ResponseHeader(error=str(e)))
             except (ValueError, TypeError, KeyError) as e:

@@ -6,6 +6,7 @@ The worker registers this module under the name `triton_python_backend_utils`, s
 
 from __future__ import annotations
 
+import enum
 import json
 import sys
 import threading
@@ -15,10 +16,16 @@ import numpy as np
 
 from tritonmp import datatypes
 
+from . import pb_metrics
+from .pb_metrics import Metric, MetricFamily, MetricKind  # noqa: F401 - Triton's names
+
+COUNTER, GAUGE, HISTOGRAM = MetricKind.COUNTER, MetricKind.GAUGE, MetricKind.HISTOGRAM
+
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
 # Set by the worker: sends a BLS request to the frontend and returns its InferenceResponse.
 _bls_executor = None
@@ -85,6 +92,51 @@ class TritonError(Exception):
 
 class TritonModelException(Exception):
     pass
+
+
+pb_metrics._ModelError = TritonModelException
+
+
+class MemoryType(enum.IntEnum):
+    """Where a BLS request prefers its outputs (PreferredMemory)."""
+
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+
+
+TRITONSERVER_MEMORY_GPU = MemoryType.TRITONSERVER_MEMORY_GPU
+TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
+
+
+class PreferredMemory:
+    """A BLS request's preference for the memory of its outputs. Outputs reach a python model as
+    numpy arrays, so they are in CPU memory whatever the preference (Triton too falls back to CPU
+    memory where it cannot place them on the GPU); a model moves them to a GPU with DLPack."""
+
+    def __init__(self, preferred_memory_type: MemoryType, preferred_device_id: int = 0):
+        self.preferred_memory_type = MemoryType(preferred_memory_type)
+        self.preferred_device_id = int(preferred_device_id)
+
+
+class InferenceTrace:
+    """The trace of a request, handed on to the BLS requests made for it. get_context() is the
+    OpenTelemetry context to propagate: None, as this server writes Triton-mode traces only."""
+
+    def __init__(self, context: str | None = None):
+        self._context = context
+
+    def get_context(self) -> str | None:
+        return self._context or None
+
+
+class SharedMemory:
+    """The worker's shared memory for outputs: free_memory() is how many bytes it has left."""
+
+    _arena = None  # set by the worker
+
+    def free_memory(self) -> int:
+        arena = SharedMemory._arena
+        return 0 if arena is None else max(0, arena.size - arena.top)
 
 
 class Tensor:
@@ -252,7 +304,8 @@ class InferenceResponseSender:
             self._end_with(problem)
 
     def _abort(self) -> None:
-        """The whole batch failed and its error goes to every open request: nothing more may be sent."""
+        """Nothing more may be sent: the batch failed (its error goes to every open request), or the
+        request was rescheduled (its next execution has a sender of its own)."""
         with self._lock:
             self._closed = self._ended = True
 
@@ -314,9 +367,12 @@ class ResponseIterator:
 class InferenceRequest:
     """A request handed to execute(); constructed by a model, it is a BLS request."""
 
-    def __init__(self, model_name: str = "", inputs=None, requested_output_names=None,
-                 request_id: str = "", correlation_id=0, flags: int = 0, parameters=None,
-                 model_version: int = -1, timeout: int = 0, **_kwargs):
+    def __init__(self, request_id: str = "", correlation_id=0, inputs=None, requested_output_names=None,
+                 model_name: str = "", model_version: int = -1, flags: int = 0, timeout: int = 0,
+                 preferred_memory: PreferredMemory | None = None, trace: InferenceTrace | None = None,
+                 parameters=None, **_kwargs):
+        if not isinstance(correlation_id, (int, str)):
+            raise TritonModelException("Correlation ID must be integer or string")
         self._model_name = model_name
         self._inputs = list(inputs or [])
         self._requested = list(requested_output_names or [])
@@ -329,6 +385,26 @@ class InferenceRequest:
         self._model_version = model_version
         self._timeout = timeout
         self._sender = _kwargs.get("response_sender")
+        self._preferred_memory = preferred_memory or PreferredMemory(TRITONSERVER_MEMORY_CPU)
+        self._trace = trace or InferenceTrace()
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+
+    def trace(self) -> InferenceTrace:
+        """The request's trace, to hand to the BLS requests made for it (`trace=request.trace()`)."""
+        return self._trace
+
+    def set_flags(self, flags: int) -> None:
+        """The sequence flags (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END) of a BLS request."""
+        self._flags = flags
+
+    def set_release_flags(self, flags: int) -> None:
+        """TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, in execute(), runs the request again in a later
+        batch (for models with `sequence_batching { iterative_sequence: true }`); the model returns
+        None for it (it sends its responses through its response sender, or returns one when it is
+        done)."""
+        if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
+            raise TritonModelException(f"unknown release flags {flags}")
+        self._release_flags = flags
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -485,8 +561,18 @@ class ModelConfig:
         self._add("output", output)
 
 
+class LogLevel(enum.IntEnum):
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
 class Logger:
     """Writes to the server's log stream in Triton's layout."""
+
+    LogLevel = LogLevel
+    INFO, WARNING, ERROR, VERBOSE = LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR, LogLevel.VERBOSE
 
     prefix = "model"
 
@@ -498,8 +584,11 @@ class Logger:
         sys.stderr.flush()
 
     @classmethod
-    def log(cls, message: str, level: int = 0) -> None:
-        cls._write("IWEV"[level] if 0 <= level <= 3 else "I", message)
+    def log(cls, message: str, level: int = LogLevel.INFO) -> None:
+        if level == LogLevel.VERBOSE:
+            cls.log_verbose(message)
+        else:
+            cls._write("IWE"[level] if 0 <= level <= 2 else "I", message)
 
     @classmethod
     def log_info(cls, message: str) -> None:

@@ -58,6 +58,7 @@ class PythonBackend:
         self.instance_name = spec.instance_name
         self.loop: asyncio.AbstractEventLoop | None = None
         self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+        self.iterative = bool(config.get("sequence_batching", {}).get("iterative_sequence", False))
         self.model = module.TritonPythonModel()
         args = {
             "model_config": json.dumps(config),
@@ -107,8 +108,9 @@ class PythonBackend:
                 if results is not None:
                     raise self._failed(f"Python model '{self.instance_name}' is using the decoupled mode and the "
                                        "execute function must return None.")
-                return []  # the responses go through the senders
-            return self._returned(results, requests, senders)
+                # the responses go through the senders
+                return [self._rescheduled(r, s) or WorkResponse(deferred=True) for r, s in zip(pb_requests, senders)]
+            return self._returned(results, pb_requests, senders)
         except BackendError:
             for sender in senders:
                 sender._abort()
@@ -119,7 +121,18 @@ class PythonBackend:
     def _failed(self, message: str) -> BackendError:
         return BackendError(f"Failed to process the request(s) for model '{self.instance_name}', message: {message}")
 
-    def _returned(self, results, requests: list[WorkRequest], senders: list) -> list[WorkResponse]:
+    def _rescheduled(self, request, sender) -> WorkResponse | None:
+        """The answer for a request the model asked to run again, if it did (None otherwise)."""
+        if request._release_flags != pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            return None
+        if not self.iterative:
+            sender._fail(f"model instance '{self.instance_name}' rescheduled a request, which needs "
+                         "`sequence_batching { iterative_sequence: true }` in the model's configuration")
+            return WorkResponse(deferred=True)
+        sender._abort()  # the request's next execution has a sender of its own
+        return WorkResponse(deferred=True, rescheduled=True)
+
+    def _returned(self, results, requests: list, senders: list) -> list[WorkResponse]:
         """A non-decoupled model's answers: what execute returned, request by request; a request whose
         answer is None is answered through its response sender (deferred), now or later."""
         if results is None:
@@ -131,8 +144,16 @@ class PythonBackend:
                                f"objects. InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) "
                                f"size is:{len(results)}")
         answers = []
-        for result, sender in zip(results, senders):
-            if result is None:
+        for request, result, sender in zip(requests, results, senders):
+            if result is not None and request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                sender._fail(f"model instance '{self.instance_name}' rescheduled a request and returned a "
+                             "response for it too; return None for a rescheduled request")
+                answers.append(WorkResponse(deferred=True))
+                continue
+            again = self._rescheduled(request, sender)
+            if again is not None:
+                answers.append(again)
+            elif result is None:
                 if not sender._used:
                     sender._fail(f"model instance '{self.instance_name}' execute() returned no response for this "
                                  "request and did not take its response sender")
