@@ -133,3 +133,42 @@ def test_the_rest_of_the_python_backend_api_is_there(start_server, tmp_path, exa
         client.close()
     assert re.search(r"^W\d{4} [\d:.]+ names_0_0\] names model: at warning level$", server.log(), re.M)
     assert re.search(r"^I\d{4} [\d:.]+ names_0_0\] names model: at info level$", server.log(), re.M)
+
+
+PARAMETERS_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            params = {"doubled": True, "count": 2, "note": "from the model"}
+            response = pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 2)], parameters=params)
+            assert response.parameters() == '{"doubled":true,"count":2,"note":"from the model"}'
+            responses.append(response)
+        return responses
+"""
+
+
+def test_response_parameters_reach_http_and_grpc_clients(start_server, tmp_path):
+    import tritonclient.grpc as grpcclient
+
+    write_model(tmp_path / "repo", "params", PARAMETERS_MODEL, X_TO_Y_CONFIG)
+    server = start_server([tmp_path / "repo"])
+    expected = {"doubled": True, "count": 2, "note": "from the model"}
+    x = httpclient.InferInput("X", [1], "FP32")
+    x.set_data_from_numpy(np.array([21.0], np.float32))
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        assert client.infer("params", [x]).get_response()["parameters"] == expected
+    finally:
+        client.close()
+    g = grpcclient.InferInput("X", [1], "FP32")
+    g.set_data_from_numpy(np.array([21.0], np.float32))
+    with grpcclient.InferenceServerClient(server.grpc_url) as grpc:
+        params = grpc.infer("params", [g]).get_response().parameters
+    assert (params["doubled"].bool_param, params["count"].int64_param, params["note"].string_param) == (
+        True, 2, "from the model")

@@ -155,7 +155,10 @@ def decode_one(header: transport.ResponseHeader | transport.StreamResponse, requ
                 continue
             _check_output(ref, output_types, model)
             tensors.append(Tensor(ref.name, ref.datatype, ref.shape, _buffer(ref, frames, arena)))
-        return InferResponse(model, version, request.id, tensors)
+        response = InferResponse(model, version, request.id, tensors)
+        if header.parameters:
+            response.parameters = dict(header.parameters)
+        return response
     except ServerError as e:
         return e
 

@@ -349,7 +349,7 @@ class Instance:
             outputs = [Tensor(r.name, r.datatype, r.shape, frames[r.frame]) for r in msg.outputs
                        if request.outputs is None or r.name in {o.name for o in request.outputs}]
             request.stream.put_nowait(InferResponse(self.pool.model_name, str(self.pool.version), request.id,
-                                                    outputs, final=msg.final))
+                                                    outputs, dict(msg.parameters), final=msg.final))
         elif msg.final:  # the final flag alone: gRPC streams send it as an empty response when asked to
             request.stream.put_nowait(InferResponse(self.pool.model_name, str(self.pool.version), request.id,
                                                     [], final=True, empty=True))

@@ -62,6 +62,7 @@ class ResponseHeader(msgspec.Struct, array_like=True, omit_defaults=True):
     outputs: list[TensorRef] = []
     error: str = ""
     error_status: str = "INTERNAL"
+    parameters: dict = {}  # the response's own parameters
     deferred: bool = False  # the response comes (or came) as a STREAM message from the response sender
     rescheduled: bool = False  # the model asked to run the request again (iterative sequences)
 
@@ -124,6 +125,7 @@ class StreamResponse(msgspec.Struct, array_like=True, omit_defaults=True):
     error_status: str = "INTERNAL"
     final: bool = False
     empty: bool = False  # no response, only the final flag
+    parameters: dict = {}
 
 
 class TensorSpec(msgspec.Struct, array_like=True):

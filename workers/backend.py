@@ -37,6 +37,7 @@ class WorkResponse:
     outputs: list[WorkTensor] = field(default_factory=list)
     error: str = ""
     error_status: str = "INTERNAL"
+    parameters: dict = field(default_factory=dict)  # the response's own parameters, for the client
     deferred: bool = False  # the response went, or will go, through the request's response sender
     rescheduled: bool = False  # run the request again in a later batch (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
 

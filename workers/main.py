@@ -110,7 +110,7 @@ class Worker:
                 try:
                     refs = [self.encode_tensor(t, frames, inline=True) for t in response.outputs]
                     header = transport.StreamResponse(batch_id, index, refs, response.error, response.error_status,
-                                                      final)
+                                                      final, parameters=response.parameters)
                 except (ValueError, TypeError, KeyError) as e:
                     frames = []
                     header = transport.StreamResponse(batch_id, index, error=f"cannot return the model's output: {e}",
@@ -330,7 +330,8 @@ class Worker:
             try:
                 refs = [self.encode_tensor(t, out_frames, dests.get(t.name)) for t in r.outputs]
                 headers.append(transport.ResponseHeader(outputs=refs, error=r.error, error_status=r.error_status,
-                                                        deferred=r.deferred, rescheduled=r.rescheduled))
+                                                        parameters=r.parameters, deferred=r.deferred,
+                                                        rescheduled=r.rescheduled))
             except OutputError as e:
                 headers.append(transport.ResponseHeader(error=str(e)))
             except (ValueError, TypeError, KeyError) as e:

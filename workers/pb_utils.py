@@ -206,7 +206,17 @@ class InferenceResponse:
     def __init__(self, output_tensors=None, error: TritonError | None = None, parameters=None):
         self._outputs = list(output_tensors or [])
         self._error = error
-        self._parameters = parameters
+        if isinstance(parameters, str):
+            parameters = json.loads(parameters or "{}")
+        for key, value in (parameters or {}).items():
+            if not isinstance(key, str) or not isinstance(value, (bool, int, str)):
+                raise TritonModelException(f"response parameter {key!r}: {value!r} must map a string to a bool, an "
+                                           "int or a string")
+        self._parameters = dict(parameters or {})
+
+    def parameters(self) -> str:
+        """The response's parameters, as JSON text (they reach the client with the response)."""
+        return json.dumps(self._parameters, separators=(",", ":"))
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
