@@ -3,10 +3,11 @@
 #
 #   scripts/gpu-check.sh [pytest args]
 #
-# Builds .venv-gpu with the gpu and tensorrt extras (onnxruntime-gpu in place of onnxruntime,
-# nvidia-ml-py, cuda-python, tensorrt), builds the example repository, and runs the tests marked
-# `gpu`: CUDA shared memory, KIND_GPU placement, the TensorRT backend, onnxruntime's TensorRT provider. Where a wheel
-# directory .whl/ exists (a machine without a package index), it installs from there.
+# Builds .venv-gpu with the gpu, tensorrt and torch extras (onnxruntime-gpu in place of onnxruntime,
+# nvidia-ml-py, cuda-python, tensorrt, torch), builds the example repository, and runs the tests
+# marked `gpu`: CUDA shared memory, KIND_GPU placement, the TensorRT backend, onnxruntime's TensorRT
+# provider, python models' GPU tensors. Where a wheel directory .whl/ exists (a machine without a
+# package index), it installs from there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L; then
@@ -18,7 +19,7 @@ venv=.venv-gpu
 pipargs=(-q)
 [ -d .whl ] && pipargs+=(--no-index --find-links .whl)
 [ -x $venv/bin/python ] || $PYTHON -m venv $venv
-$venv/bin/python -m pip install "${pipargs[@]}" -e '.[test,gpu,tensorrt]'
+$venv/bin/python -m pip install "${pipargs[@]}" -e '.[test,gpu,tensorrt,torch]'
 # onnxruntime and onnxruntime-gpu install the same module: keep only the GPU build.
 if $venv/bin/python -m pip show onnxruntime >/dev/null 2>&1; then
   $venv/bin/python -m pip uninstall -q -y onnxruntime

@@ -172,3 +172,50 @@ def test_response_parameters_reach_http_and_grpc_clients(start_server, tmp_path)
         params = grpc.infer("params", [g]).get_response().parameters
     assert (params["doubled"].bool_param, params["count"].int64_param, params["note"].string_param) == (
         True, 2, "from the model")
+
+
+GPU_TENSORS_MODEL = """
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            ones = np.ones((1, 3), np.float32)
+            bls = pb_utils.InferenceRequest(
+                model_name="add_py", inputs=[pb_utils.Tensor("A", ones), pb_utils.Tensor("B", ones)],
+                requested_output_names=["C"],
+                preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU, 0))
+            c = bls.exec().output_tensors()[0]
+            assert not c.is_cpu() and c.__dlpack_device__()[0] == 2
+            try:
+                c.as_numpy()
+                raise AssertionError("as_numpy() of a GPU tensor must raise")
+            except pb_utils.TritonModelException:
+                pass
+            on_gpu = torch.from_dlpack(c)  # the same GPU memory
+            x = torch.from_numpy(pb_utils.get_input_tensor_by_name(request, "X").as_numpy()).cuda()
+            y = pb_utils.Tensor.from_dlpack("Y", x + on_gpu.sum())  # a GPU output, copied out to the client
+            assert not y.is_cpu()
+            responses.append(pb_utils.InferenceResponse([y]))
+        return responses
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_tensors_through_dlpack_and_preferred_memory(start_server, tmp_path, example_repo):
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'tritonmp[torch]')")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU that torch can use here")
+    write_model(tmp_path / "repo", "gpu_tensors", GPU_TENSORS_MODEL, X_TO_Y_CONFIG)
+    server = start_server([tmp_path / "repo", example_repo])
+    x = httpclient.InferInput("X", [1], "FP32")
+    x.set_data_from_numpy(np.array([36.0], np.float32))
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        assert client.infer("gpu_tensors", [x]).as_numpy("Y").tolist() == [42.0]
+    finally:
+        client.close()

@@ -146,7 +146,7 @@ class Worker:
     def _bls_header(self, request, frames: list, decoupled: bool) -> transport.BlsRequest:
         refs = []
         for t in request.inputs():
-            array = np.asarray(t.as_numpy())
+            array = np.asarray(t._host())
             buf = datatypes.to_buffer(t._datatype, array)
             refs.append(transport.TensorRef(t.name(), t._datatype, list(array.shape), frame=len(frames),
                                             nbytes=len(buf) if isinstance(buf, bytes) else buf.nbytes))
@@ -162,7 +162,8 @@ class Worker:
         return transport.BlsRequest(request.request_id(), request.model_name(), version, refs,
                                     request.requested_output_names(), params, decoupled=decoupled)
 
-    def _bls_response(self, result: transport.BlsResult, frames) -> object:
+    def _bls_response(self, result: transport.BlsResult, frames, request=None) -> object:
+        """A BLS answer as the model sees it; in GPU memory where the request prefers it and a GPU is there."""
         from . import pb_utils
 
         if result.error:
@@ -172,6 +173,9 @@ class Worker:
         for ref in result.outputs:
             t = self.decode_tensor(ref, frames)
             tensors.append(pb_utils.Tensor(t.name, t.array, t.datatype))
+        preferred = getattr(request, "_preferred_memory", None)
+        if preferred is not None and preferred.preferred_memory_type == pb_utils.TRITONSERVER_MEMORY_GPU:
+            tensors = [t._to_gpu(preferred.preferred_device_id) for t in tensors]
         return pb_utils.InferenceResponse(tensors)
 
     def bls(self, request, decoupled: bool = False) -> object:
@@ -182,7 +186,7 @@ class Worker:
         frames: list = []
         header = self._bls_header(request, frames, decoupled)
         if not decoupled:
-            return self._bls_response(*self._ask(header, frames))
+            return self._bls_response(*self._ask(header, frames), request)
         number, answers = self.inbox.open_call()
         header.call = number
         self.send(transport.BLS, header, frames)
@@ -195,7 +199,8 @@ class Worker:
                         raise SystemExit(0)  # the frontend has gone
                     result, reply_frames = answer
                     # the final flag alone arrives as an empty response, as Triton's iterator yields it
-                    yield pb_utils.InferenceResponse() if result.empty else self._bls_response(result, reply_frames)
+                    yield pb_utils.InferenceResponse() if result.empty else \
+                        self._bls_response(result, reply_frames, request)
                     if result.final:
                         return
             finally:

@@ -109,9 +109,9 @@ TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
 
 
 class PreferredMemory:
-    """A BLS request's preference for the memory of its outputs. Outputs reach a python model as
-    numpy arrays, so they are in CPU memory whatever the preference (Triton too falls back to CPU
-    memory where it cannot place them on the GPU); a model moves them to a GPU with DLPack."""
+    """A BLS request's preference for the memory of its outputs: TRITONSERVER_MEMORY_GPU puts them
+    in the memory of GPU preferred_device_id (as torch tensors behind pb_utils.Tensor) where torch
+    sees a GPU, and leaves them in CPU memory otherwise, as Triton does when it cannot."""
 
     def __init__(self, preferred_memory_type: MemoryType, preferred_device_id: int = 0):
         self.preferred_memory_type = MemoryType(preferred_memory_type)
@@ -139,8 +139,12 @@ class SharedMemory:
         return 0 if arena is None else max(0, arena.size - arena.top)
 
 
+KDL_CPU, KDL_CUDA = 1, 2  # DLPack device types
+
+
 class Tensor:
-    """A named tensor held as a numpy array on the CPU."""
+    """A named tensor: a numpy array in CPU memory, or (from_dlpack of a GPU tensor, or a BLS output
+    with a GPU PreferredMemory) a torch tensor in GPU memory, as Triton's python backend holds them."""
 
     def __init__(self, name: str, tensor, datatype: str | None = None):
         array = np.asarray(tensor)
@@ -148,45 +152,86 @@ class Tensor:
             array = array.astype(np.object_)
         self._name = name
         self._array = array
+        self._device = None  # a torch tensor in GPU memory, for a GPU tensor
         self._datatype = datatype or datatypes.of_numpy(array.dtype)
+
+    @classmethod
+    def _on_gpu(cls, name: str, device_tensor) -> Tensor:
+        self = cls.__new__(cls)
+        self._name, self._array, self._device = name, None, device_tensor
+        self._datatype = datatypes.of_numpy(np.dtype(str(device_tensor.dtype).replace("torch.", "")))
+        return self
 
     def name(self) -> str:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        if self._device is not None:
+            raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
         return self._array
 
+    def _host(self) -> np.ndarray:
+        """The values in CPU memory (copied from the GPU for a GPU tensor), to send."""
+        return self._array if self._device is None else self._device.cpu().numpy()
+
     def shape(self) -> list[int]:
-        return list(self._array.shape)
+        return list(self._array.shape if self._device is None else self._device.shape)
 
     def triton_dtype(self) -> int:
         return datatypes.ENUM_OF[self._datatype]
 
     def is_cpu(self) -> bool:
-        return True
+        return self._device is None
 
     def to_dlpack(self):
-        """A DLPack capsule of the tensor (CPU memory, shared where it can be)."""
+        """A DLPack capsule of the tensor, in its memory (shared where it can be)."""
         return self.__dlpack__()
 
     def __dlpack__(self, stream=None, **options):
         """Exported without a copy; an input held in read-only memory (older DLPack consumers cannot
         be told it is read-only) is exported as a copy."""
+        if self._device is not None:
+            return self._device.__dlpack__(stream=stream) if stream is not None else self._device.__dlpack__()
         try:
             return self._array.__dlpack__(**options)
         except BufferError:
             return self._array.copy().__dlpack__(**options)
 
     def __dlpack_device__(self):
+        if self._device is not None:
+            return self._device.__dlpack_device__()
         return self._array.__dlpack_device__()
 
     @classmethod
     def from_dlpack(cls, name: str, tensor) -> Tensor:
         """A Tensor over any DLPack producer (an object with __dlpack__, such as a torch tensor) or
-        a DLPack capsule, without a copy. The memory must be on the CPU here."""
+        a DLPack capsule, without a copy; GPU memory stays on the GPU (through torch)."""
+        if hasattr(tensor, "__dlpack_device__") and tensor.__dlpack_device__()[0] != KDL_CPU:
+            return cls._on_gpu(name, _torch().from_dlpack(tensor))
         if not hasattr(tensor, "__dlpack__"):
-            tensor = _Capsule(tensor)
+            try:
+                return cls(name, np.from_dlpack(_Capsule(tensor)))
+            except (BufferError, RuntimeError, TypeError):  # a capsule of GPU memory
+                torch_tensor = _torch().utils.dlpack.from_dlpack(tensor)
+                return cls._on_gpu(name, torch_tensor) if torch_tensor.is_cuda else cls(name, torch_tensor.numpy())
         return cls(name, np.from_dlpack(tensor))
+
+    def _to_gpu(self, device_id: int) -> Tensor:
+        """This tensor in the memory of GPU `device_id`, where one is there (else itself)."""
+        torch = _torch(required=False)
+        if self._device is not None or torch is None or not torch.cuda.is_available() or self._datatype == "BYTES":
+            return self
+        return Tensor._on_gpu(self._name, torch.from_numpy(np.ascontiguousarray(self._array)).to(f"cuda:{device_id}"))
+
+
+def _torch(required: bool = True):
+    try:
+        import torch
+    except ImportError:
+        if required:
+            raise TritonModelException("GPU tensors need torch: pip install 'tritonmp[torch]'") from None
+        return None
+    return torch
 
 
 class _Capsule:

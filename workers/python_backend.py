@@ -31,7 +31,7 @@ def _work_response(result) -> WorkResponse:
         status = err.status_name() if isinstance(err, pb_utils.TritonError) else "INTERNAL"
         message = err.message() if isinstance(err, pb_utils.TritonError) else str(err)
         return WorkResponse(error=message, error_status=status)
-    return WorkResponse(outputs=[WorkTensor(t.name(), t._datatype, t.as_numpy()) for t in result.output_tensors()],
+    return WorkResponse(outputs=[WorkTensor(t.name(), t._datatype, t._host()) for t in result.output_tensors()],
                         parameters=result._parameters)
 
 
