@@ -16,15 +16,19 @@ FORMATS = {
 
 class LogSettings:
     def __init__(self, verbose: int = 0, info: bool = True, warning: bool = True, error: bool = True,
-                 log_format: str = "default", log_file: str = ""):
+                 log_format: str = "default", log_file: str = "", logger: str = ""):
         self.settings = {"log_file": log_file, "log_info": info, "log_warning": warning, "log_error": error,
                          "log_verbose_level": verbose, "log_format": log_format}
         self.handler: logging.Handler | None = None
+        # the root logger for the `tritonmp` command; "tritonmp" inside another program, whose own
+        # logging is left alone
+        self.logger = logger
         self.apply()
 
     def apply(self) -> None:
         s = self.settings
-        root = logging.getLogger()
+        root = logging.getLogger(self.logger)
+        root.propagate = not self.logger
         if self.handler is not None:
             root.removeHandler(self.handler)
             self.handler.close()

@@ -443,17 +443,21 @@ class ModelManager:
         seen = self.fingerprints()
         while True:
             await asyncio.sleep(interval)
-            now = self.fingerprints()
-            for name in sorted(set(seen) | set(now)):
-                if name not in now:
-                    await self.unload(name)
-                elif seen.get(name) != now[name]:
-                    try:
-                        await self.load(name)
-                        log.info("reloaded '%s' after a change in the repository", name)
-                    except ServerError:
-                        pass  # logged by load(); the old versions keep serving
-            seen = now
+            seen = await self.poll_once(seen)
+
+    async def poll_once(self, seen: dict) -> dict:
+        """One look at the repositories since `seen` (their fingerprints then); the fingerprints now."""
+        now = self.fingerprints()
+        for name in sorted(set(seen) | set(now)):
+            if name not in now:
+                await self.unload(name)
+            elif seen.get(name) != now[name]:
+                try:
+                    await self.load(name)
+                    log.info("reloaded '%s' after a change in the repository", name)
+                except ServerError:
+                    pass  # logged by load(); the old versions keep serving
+        return now
 
     def all_ready(self) -> bool:
         return all(not e.problem and all(v.state == "READY" for v in e.versions.values())

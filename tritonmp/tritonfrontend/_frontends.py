@@ -1,0 +1,248 @@
+"""The network services over an in-process server: KServe HTTP/REST, KServe gRPC, and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import socket
+from dataclasses import dataclass, field
+
+import uvicorn
+
+from .. import grpc_server
+from ..dataplane import EXTENSIONS
+from ..http2 import Keepalive
+from ..http_protocol import Limits, default_max_connections, protocol_class
+from ..http_server import DEFAULT_MAX_INPUT_SIZE, HttpApp
+from ..metrics import MetricsApp, SystemSampler
+from ..restricted import GRPC_HEADER_PREFIX, Restrictions
+from ..tritonserver import InvalidArgumentError, Server, UnavailableError, UnsupportedError
+
+
+class RestrictedFeatures:
+    """Which API groups (health, metadata, inference, shared-memory, model-config, model-repository,
+    statistics, trace, logging) need which header and value, as Triton's restricted-API flags."""
+
+    def __init__(self, groups: list[dict] | None = None):
+        self.rules: list[tuple[list[str], str, str]] = []
+        for group in groups or []:
+            self.create_feature_group(group["key"], group["value"], group["features"])
+
+    def create_feature_group(self, key: str, value: str, features: list[str]) -> None:
+        self.rules.append(([str(f) for f in features], key, value))
+
+    def _restrictions(self, flag: str, header_prefix: str = "") -> Restrictions | None:
+        if not self.rules:
+            return None
+        items = [f"{','.join(features)}:{key}={value}" for features, key, value in self.rules]
+        try:
+            return Restrictions(items, flag, header_prefix)
+        except ValueError as e:
+            raise InvalidArgumentError(str(e)) from None
+
+
+class _Service:
+    """A network service on the in-process server's engine loop: start, stop, context manager."""
+
+    def __init__(self, server: Server, options):
+        if not isinstance(server, Server):
+            raise InvalidArgumentError("server must be a tritonserver.Server")
+        if not isinstance(options, self.Options):
+            raise InvalidArgumentError(f"Incorrect type for options. options argument must be of type "
+                                       f"{type(self).__name__}.Options")
+        self._check(options)
+        self.server = server
+        self.options = options
+        self._running = None
+
+    def _engine(self):
+        if self.server._engine is None:
+            raise UnavailableError("the server is not started")
+        return self.server._engine
+
+    def start(self) -> None:
+        if self._running is not None:
+            raise InvalidArgumentError(f"{type(self).__name__} is already started")
+        engine = self._engine()
+        try:
+            self._running = engine.call(self._start(engine))
+        except OSError as e:  # a port in use, an address not on this host
+            raise UnavailableError(f"{type(self).__name__} cannot listen on {self.options.address}:"
+                                   f"{self.options.port}: {e}") from None
+
+    def stop(self) -> None:
+        running, self._running = self._running, None
+        if running is not None and self.server._engine is not None:
+            self.server._engine.call(self._stop(running))
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _socket(self) -> socket.socket:
+        sock = socket.socket(socket.AF_INET6 if ":" in self.options.address else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self.options.reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((self.options.address, self.options.port))
+        sock.listen(4096)
+        return sock
+
+    async def _serve_asgi(self, app) -> tuple[uvicorn.Server, asyncio.Task]:
+        limits = Limits()
+        config = uvicorn.Config(app, loop="none", http=protocol_class(limits), lifespan="off", access_log=False,
+                                log_level="warning", timeout_keep_alive=limits.keepalive_timeout)
+        server = _Uvicorn(config)
+        return server, asyncio.get_running_loop().create_task(server.serve(sockets=[self._socket()]))
+
+    @staticmethod
+    async def _stop_asgi(running) -> None:
+        server, task = running[:2]
+        server.should_exit = True
+        await task
+
+    @staticmethod
+    def _check(options) -> None:
+        if not 0 <= options.port <= 65535:
+            raise InvalidArgumentError(f"port must be between 0 and 65535, got {options.port}")
+
+
+class _Uvicorn(uvicorn.Server):
+    def install_signal_handlers(self) -> None:  # the program's signals stay the program's
+        pass
+
+    def capture_signals(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+class KServeHttp(_Service):
+    @dataclass
+    class Options:
+        address: str = "0.0.0.0"
+        port: int = 8000
+        reuse_port: bool = False
+        thread_count: int = 8  # requests are served on one asyncio loop; kept for Triton's signature
+        header_forward_pattern: str = ""
+        restricted_features: RestrictedFeatures = field(default_factory=RestrictedFeatures)
+
+    def __init__(self, server: Server, options: KServeHttp.Options | None = None):
+        super().__init__(server, options or KServeHttp.Options())
+
+    @staticmethod
+    def _check(options) -> None:
+        _Service._check(options)
+        if options.thread_count <= 0:
+            raise InvalidArgumentError("thread_count must be greater than 0")
+        if options.header_forward_pattern:
+            raise UnsupportedError("header_forward_pattern: request headers are not forwarded to models by this "
+                                   "server")
+
+    async def _start(self, engine):
+        restrictions = self.options.restricted_features._restrictions("restricted_features")
+        return await self._serve_asgi(HttpApp(engine.dataplane, restrictions, DEFAULT_MAX_INPUT_SIZE))
+
+    _stop = staticmethod(_Service._stop_asgi)
+
+
+class KServeGrpc(_Service):
+    class Grpc_compression_level(enum.IntEnum):  # noqa: N801 - Triton's name
+        NONE = 0
+        LOW = 1
+        MED = 2
+        HIGH = 3
+        COUNT = 4
+
+    @dataclass
+    class Options:
+        address: str = "0.0.0.0"
+        port: int = 8001
+        reuse_port: bool = False
+        use_ssl: bool = False
+        server_cert: str = ""
+        server_key: str = ""
+        root_cert: str = ""
+        use_mutual_auth: bool = False
+        keepalive_time_ms: int = 7_200_000
+        keepalive_timeout_ms: int = 20_000
+        keepalive_permit_without_calls: bool = False
+        http2_max_pings_without_data: int = 2
+        http2_min_recv_ping_interval_without_data_ms: int = 300_000
+        http2_max_ping_strikes: int = 2
+        max_connection_age_ms: int = 0
+        max_connection_age_grace_ms: int = 0
+        infer_compression_level: int = 0
+        infer_allocation_pool_size: int = 8
+        forward_header_pattern: str = ""
+        restricted_features: RestrictedFeatures = field(default_factory=RestrictedFeatures)
+
+    def __init__(self, server: Server, options: KServeGrpc.Options | None = None):
+        super().__init__(server, options or KServeGrpc.Options())
+
+    @staticmethod
+    def _check(options) -> None:
+        _Service._check(options)
+        if options.reuse_port:
+            raise UnsupportedError("reuse_port: the gRPC service binds its port alone in this server")
+        if options.forward_header_pattern:
+            raise UnsupportedError("forward_header_pattern: request headers are not forwarded to models by this "
+                                   "server")
+        if int(options.infer_compression_level) != 0:
+            raise UnsupportedError("infer_compression_level: responses are not compressed by this server")
+        if options.use_ssl and not (options.server_cert and options.server_key):
+            raise InvalidArgumentError("use_ssl needs server_cert and server_key")
+
+    async def _start(self, engine):
+        o = self.options
+        tls = None
+        if o.use_ssl:
+            tls = {"server_cert": o.server_cert, "server_key": o.server_key, "root_cert": o.root_cert,
+                   "mutual": o.use_mutual_auth}
+        keepalive = Keepalive(time=o.keepalive_time_ms / 1000, timeout=o.keepalive_timeout_ms / 1000,
+                              without_calls=o.keepalive_permit_without_calls, max_age=o.max_connection_age_ms / 1000,
+                              max_age_grace=o.max_connection_age_grace_ms / 1000,
+                              min_ping_interval=o.http2_min_recv_ping_interval_without_data_ms / 1000,
+                              max_ping_strikes=o.http2_max_ping_strikes)
+        restrictions = o.restricted_features._restrictions("restricted_features", GRPC_HEADER_PREFIX)
+        return await grpc_server.start(engine.dataplane, EXTENSIONS, o.address, o.port, tls, "builtin", keepalive,
+                                       None, restrictions, max_connections=default_max_connections())
+
+    @staticmethod
+    async def _stop(running) -> None:
+        await running.stop(0)
+
+
+class Metrics(_Service):
+    @dataclass
+    class Options:
+        address: str = "0.0.0.0"
+        port: int = 8002
+        thread_count: int = 1
+        reuse_port: bool = False
+
+    def __init__(self, server: Server, options: Metrics.Options | None = None):
+        super().__init__(server, options or Metrics.Options())
+
+    @staticmethod
+    def _check(options) -> None:
+        _Service._check(options)
+        if options.thread_count <= 0:
+            raise InvalidArgumentError("thread_count must be greater than 0")
+
+    async def _start(self, engine):
+        o = self.server.options
+        if not o.metrics:
+            raise UnavailableError("metrics are turned off in the server's Options (metrics=False)")
+        system = SystemSampler(o.cpu_metrics, o.gpu_metrics, engine.options.gpus)
+        sampler = asyncio.get_running_loop().create_task(system.run(o.metrics_interval / 1000))
+        server, task = await self._serve_asgi(MetricsApp(engine.models, system))
+        return server, task, sampler
+
+    @staticmethod
+    async def _stop(running) -> None:
+        running[2].cancel()
+        await _Service._stop_asgi(running)

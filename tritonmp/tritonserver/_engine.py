@@ -1,0 +1,118 @@
+"""The in-process server's engine: the same model manager and dataplane the `tritonmp` command
+serves over the network, on an asyncio loop in a thread of its own. Models still run in their
+worker processes; the caller's thread only waits for answers."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from .. import arena, json_offload
+from ..core import InferRequest, InferResponse
+from ..dataplane import Dataplane
+from ..errors import ServerError, Status
+from ..log_settings import LogSettings
+from ..model_manager import ModelManager, ServerOptions
+from ..response_cache import ResponseCache
+
+log = logging.getLogger("tritonmp.inprocess")
+
+
+class Engine:
+    def __init__(self, options: ServerOptions, *, model_control: str, strict_readiness: bool,
+                 cache: ResponseCache | None, server_id: str, log_settings: LogSettings):
+        self.options = options
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run_loop, name="tritonmp-engine", daemon=True)
+        self.models: ModelManager | None = None
+        self.dataplane: Dataplane | None = None
+        self._model_control = model_control
+        self._strict_readiness = strict_readiness
+        self._cache = cache
+        self._server_id = server_id
+        self._log_settings = log_settings
+        self.stopped = False
+        self.fingerprints: dict = {}  # the repositories as the last poll saw them
+        self.sampler = None  # the CPU/GPU figures of metrics(), made on first use
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def start(self) -> None:
+        self.thread.start()
+        self.call(self._build())
+
+    async def _build(self) -> None:
+        arena.remove_orphans()
+        self.models = ModelManager(self.options)
+        dp = Dataplane(self.models, self._strict_readiness, False, self._model_control, self._log_settings,
+                       cache=self._cache)
+        dp.server_id = self._server_id
+        self.models.bls = dp.infer
+        self.models.bls_stream = dp.infer_stream
+        self.models.control = dp.model_call
+        self.dataplane = dp
+
+    async def load_startup(self, names: list[str] | None) -> list[str]:
+        await self.models.load_all(names)
+        self.dataplane.loaded = True
+        self.fingerprints = self.models.fingerprints()
+        return self.models.failures()
+
+    async def poll(self) -> None:
+        self.fingerprints = await self.models.poll_once(self.fingerprints)
+
+    def call(self, coro, timeout: float | None = None):
+        """Run a coroutine on the engine's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def run(self, fn: Callable, *args):
+        """Run a plain function on the engine's loop (the core is not thread-safe) and wait."""
+        async def wrapper():
+            return fn(*args)
+
+        return self.call(wrapper())
+
+    def submit(self, request: InferRequest, deliver: Callable[[InferResponse | ServerError | None], None]
+               ) -> concurrent.futures.Future:
+        """Start a request; `deliver` gets each response or error as it comes, then None. Cancelling the
+        returned future cancels the request (the model sees is_cancelled())."""
+
+        async def run():
+            try:
+                async for item in self.dataplane.infer_stream(request):
+                    deliver(item)
+            except ServerError as e:  # the request failed as a whole: its one, final, answer
+                e.final = True
+                deliver(e)
+            except asyncio.CancelledError:
+                deliver(ServerError("Request for the model was cancelled", Status.CANCELLED))
+                raise
+            finally:
+                deliver(None)
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop)
+
+    def stop(self, timeout: float) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        try:
+            if self.models is not None:
+                self.call(self._stop(time.monotonic() + timeout))
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout + 5)
+            if not self.thread.is_alive():
+                self.loop.close()
+
+    async def _stop(self, deadline: float) -> None:
+        self.dataplane.accepting = False
+        await self.models.stop(deadline)
+        json_offload.shutdown()
+

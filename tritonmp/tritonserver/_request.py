@@ -1,0 +1,93 @@
+"""`InferenceRequest` of the in-process API, and its translation into the server core's request."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import core, datatypes
+from ._errors import InvalidArgumentError, UnsupportedError
+from ._tensor import DataType, DLDeviceType, MemoryType, Tensor
+
+if TYPE_CHECKING:
+    from ._model import Model
+
+SEQUENCE_START, SEQUENCE_END = 1, 2  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_*
+CPU_MEMORY = (None, "cpu", MemoryType.CPU, MemoryType.CPU_PINNED, (MemoryType.CPU, 0), (DLDeviceType.kDLCPU, 0))
+
+
+@dataclass
+class InferenceRequest:
+    """A request to a model: inputs by name (Tensors, numpy arrays, lists, strings or any DLPack
+    producer), parameters, sequence flags and correlation ID, priority, timeout (microseconds), and
+    an optional queue (queue.SimpleQueue / queue.Queue, or asyncio.Queue for async_infer) that gets
+    every response too."""
+
+    model: Model
+    request_id: str | None = None
+    flags: int = 0
+    correlation_id: int | str | None = None
+    priority: int = 0
+    timeout: int = 0
+    inputs: dict[str, Tensor | Any] = field(default_factory=dict)
+    parameters: dict[str, str | int | bool | float] = field(default_factory=dict)
+    output_memory_type: Any = None
+    response_queue: queue.SimpleQueue | queue.Queue | asyncio.Queue | None = None
+
+    def _core_request(self) -> core.InferRequest:
+        if self.output_memory_type not in CPU_MEMORY:
+            if _is_gpu(self.output_memory_type):
+                raise UnsupportedError("outputs of this server are in CPU memory; move them to a GPU with DLPack")
+            raise InvalidArgumentError(f"Invalid output memory type: {self.output_memory_type!r}")
+        if not isinstance(self.parameters, dict):
+            raise InvalidArgumentError("parameters must be a dict")
+        parameters: dict = {}
+        for key, value in self.parameters.items():
+            if not isinstance(key, str) or not isinstance(value, (str, int, bool, float)):
+                raise InvalidArgumentError(f"Invalid parameter {key!r}: {value!r} (a str, int, bool or float)")
+            parameters[key] = value
+        if self.correlation_id not in (None, 0, ""):
+            parameters["sequence_id"] = self.correlation_id
+            parameters["sequence_start"] = bool(self.flags & SEQUENCE_START)
+            parameters["sequence_end"] = bool(self.flags & SEQUENCE_END)
+        if self.priority:
+            parameters["priority"] = self.priority
+        if self.timeout:
+            parameters["timeout"] = self.timeout
+        inputs = [_core_tensor(name, Tensor._from_object(value)) for name, value in self.inputs.items()]
+        version = "" if self.model.version in (-1, None) else str(self.model.version)
+        return core.InferRequest(self.model.name, version, self.request_id or "", inputs, None, parameters)
+
+
+def _is_gpu(memory) -> bool:
+    kind = memory[0] if isinstance(memory, tuple) and memory else memory
+    if isinstance(kind, str):
+        return kind.split(":")[0].lower() in ("gpu", "cuda")
+    return type(kind) in (MemoryType, DLDeviceType) and int(kind) == 2  # MemoryType.GPU, kDLCUDA
+
+
+def _core_tensor(name: str, tensor: Tensor) -> core.Tensor:
+    """An input as the core takes it: a view of the caller's array (copied only where it is not
+    contiguous); BYTES serialized into Triton's length-prefixed layout."""
+    array = tensor._array
+    if tensor.data_type == DataType.BYTES:
+        data = datatypes.serialize_bytes(array)
+    else:
+        if tensor.data_type == DataType.BF16:
+            raise UnsupportedError("BF16 tensors are not supported by this server's in-process API yet")
+        data = memoryview(np.ascontiguousarray(array)).cast("B")
+    return core.Tensor(name, tensor.data_type.name, [int(d) for d in array.shape], data)
+
+
+def _api_tensor(t: core.Tensor) -> Tensor:
+    """An output as the API hands it out: a view of the bytes the worker sent (BYTES decoded)."""
+    data = b"" if t.data is None else t.data
+    if t.datatype == "BYTES":
+        array = datatypes.deserialize_bytes(data).reshape(t.shape)
+    else:
+        array = np.frombuffer(data, dtype=datatypes.NUMPY_OF[t.datatype]).reshape(t.shape)
+    return Tensor(DataType[t.datatype], list(t.shape), array)

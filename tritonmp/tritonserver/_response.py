@@ -1,0 +1,138 @@
+"""`InferenceResponse` and the iterators that hand a request's responses to the caller as they
+come: `ResponseIterator` (threads) and `AsyncResponseIterator` (asyncio)."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .. import core
+from ..errors import ServerError
+from ._errors import TritonError, from_server_error
+from ._request import _api_tensor
+from ._tensor import Tensor
+
+if TYPE_CHECKING:
+    from ._model import Model
+
+
+@dataclass
+class InferenceResponse:
+    model: Model
+    request_id: str | None = None
+    parameters: dict[str, str | int | bool] = field(default_factory=dict)
+    outputs: dict[str, Tensor] = field(default_factory=dict)
+    error: TritonError | None = None
+    classification_label: str | None = None
+    final: bool = False
+
+
+class _Responses:
+    """Turns what the engine delivers (core responses, errors, then None) into InferenceResponses
+    with Triton's final flags: the last response of a request is final; when a decoupled model
+    ends its request after its last response, an empty final response follows."""
+
+    def __init__(self, model: Model, request_id: str):
+        self.model = model
+        self.request_id = request_id
+        self.sent_final = False
+
+    def convert(self, item: core.InferResponse | ServerError | None) -> InferenceResponse | None:
+        if item is None:
+            if self.sent_final:
+                return None
+            self.sent_final = True
+            return InferenceResponse(self.model, self.request_id, final=True)
+        if isinstance(item, ServerError):
+            final = getattr(item, "final", False)  # a request that failed as a whole
+            self.sent_final = self.sent_final or final
+            return InferenceResponse(self.model, self.request_id, error=from_server_error(item), final=final)
+        final = bool(item.final)
+        self.sent_final = self.sent_final or final
+        outputs = {} if item.empty else {t.name: _api_tensor(t) for t in item.outputs}
+        return InferenceResponse(self.model, item.id or self.request_id, dict(item.parameters), outputs, final=final)
+
+
+class ResponseIterator:
+    """A request's responses for a thread: iterate until the final one. Abandoning the iterator (or
+    `cancel()`) cancels the request; the model sees is_cancelled()."""
+
+    def __init__(self, model: Model, request, raise_on_error: bool, user_queue=None):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._user_queue = user_queue
+        self._raise = raise_on_error
+        self._complete = False
+        self._convert = _Responses(model, request.request_id or "")
+        self._future = model._server._engine.submit(request._core_request(), self._deliver)
+
+    def _deliver(self, item) -> None:  # on the engine's loop
+        response = self._convert.convert(item)
+        if response is None:
+            return
+        self._queue.put(response)
+        if self._user_queue is not None:
+            self._user_queue.put(response)
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._complete:
+            raise StopIteration
+        response = self._queue.get()
+        self._complete = response.final
+        if response.error is not None and self._raise:
+            raise response.error
+        return response
+
+    def cancel(self) -> None:
+        self._future.cancel()
+
+    def __del__(self):
+        if not getattr(self, "_complete", True) and not self._future.done():
+            self._future.cancel()
+
+
+class AsyncResponseIterator:
+    """A request's responses for asyncio: `async for` until the final one; `cancel()` cancels it."""
+
+    def __init__(self, model: Model, request, raise_on_error: bool, user_queue: asyncio.Queue | None = None):
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._user_queue = user_queue
+        self._raise = raise_on_error
+        self._complete = False
+        self._convert = _Responses(model, request.request_id or "")
+        self._future = model._server._engine.submit(request._core_request(), self._deliver)
+
+    def _deliver(self, item) -> None:  # on the engine's loop: hand over to the caller's
+        response = self._convert.convert(item)
+        if response is not None:
+            self._loop.call_soon_threadsafe(self._put, response)
+
+    def _put(self, response: InferenceResponse) -> None:
+        self._queue.put_nowait(response)
+        if self._user_queue is not None:
+            self._user_queue.put_nowait(response)
+
+    def __aiter__(self) -> AsyncResponseIterator:
+        return self
+
+    async def __anext__(self) -> InferenceResponse:
+        if self._complete:
+            raise StopAsyncIteration
+        response = await self._queue.get()
+        self._complete = response.final
+        if response.error is not None and self._raise:
+            raise response.error
+        return response
+
+    def cancel(self) -> None:
+        self._future.cancel()
+
+    def __del__(self):
+        if not getattr(self, "_complete", True) and not self._future.done():
+            self._future.cancel()
+

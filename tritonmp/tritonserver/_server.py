@@ -1,0 +1,351 @@
+"""`Server` and `Options` of the in-process API, with Triton's names, defaults and errors.
+
+Options the server acts on are honoured; an option it has no counterpart for is accepted at its
+default and refused with UnsupportedError when set to anything else, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import enum
+import os
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ServerError
+from ..log_settings import LogSettings
+from ..model_manager import ServerOptions
+from ..response_cache import ResponseCache
+from ._engine import Engine
+from ._errors import InternalError, InvalidArgumentError, UnavailableError, UnsupportedError, from_server_error
+from ._model import Model
+
+
+class ModelControlMode(enum.IntEnum):
+    NONE = 0
+    POLL = 1
+    EXPLICIT = 2
+
+
+class RateLimitMode(enum.IntEnum):
+    OFF = 0
+    EXEC_COUNT = 1
+
+
+class LogFormat(enum.IntEnum):
+    DEFAULT = 0
+    ISO8601 = 1
+
+
+class MetricFormat(enum.IntEnum):
+    PROMETHEUS = 0
+
+
+class InstanceGroupKind(enum.IntEnum):
+    AUTO = 0
+    CPU = 1
+    GPU = 2
+    MODEL = 3
+
+
+@dataclass
+class RateLimiterResource:
+    name: str
+    count: int
+    device: int
+
+
+@dataclass
+class ModelLoadDeviceLimit:
+    kind: InstanceGroupKind
+    device: int
+    fraction: float
+
+
+@dataclass
+class Options:
+    model_repository: str | list[str] = field(default_factory=list)
+    server_id: str = "triton"
+    model_control_mode: ModelControlMode = ModelControlMode.NONE
+    startup_models: list[str] = field(default_factory=list)
+    strict_model_config: bool = False
+    rate_limiter_mode: RateLimitMode = RateLimitMode.OFF
+    rate_limiter_resources: list[RateLimiterResource] = field(default_factory=list)
+    pinned_memory_pool_size: int = 1 << 28
+    cuda_memory_pool_sizes: dict[int, int] = field(default_factory=dict)
+    cache_config: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cache_directory: str = "/opt/tritonserver/caches"
+    min_supported_compute_capability: float = 6.0
+    exit_on_error: bool = True
+    strict_readiness: bool = True
+    exit_timeout: int = 30
+    buffer_manager_thread_count: int = 0
+    model_load_thread_count: int = 4
+    model_load_retry_count: int = 0
+    model_namespacing: bool = False
+    enable_peer_access: bool = True
+    log_file: str | None = None
+    log_info: bool = False
+    log_warn: bool = False
+    log_error: bool = False
+    log_format: LogFormat = LogFormat.DEFAULT
+    log_verbose: int = 0
+    metrics: bool = True
+    gpu_metrics: bool = True
+    cpu_metrics: bool = True
+    metrics_interval: int = 2000
+    backend_directory: str = "/opt/tritonserver/backends"
+    repo_agent_directory: str = "/opt/tritonserver/repoagents"
+    model_load_device_limits: list[ModelLoadDeviceLimit] = field(default_factory=list)
+    backend_configuration: dict[str, dict[str, str]] = field(default_factory=dict)
+    host_policies: dict[str, dict[str, str]] = field(default_factory=dict)
+    metrics_configuration: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+# what each option must be (checked at start(), as Triton's bindings check them: TypeError)
+_TYPES = {
+    "server_id": str, "strict_model_config": bool, "exit_on_error": bool, "strict_readiness": bool,
+    "exit_timeout": int, "log_info": bool, "log_warn": bool, "log_error": bool, "log_verbose": int,
+    "metrics": bool, "gpu_metrics": bool, "cpu_metrics": bool, "metrics_interval": int,
+    "startup_models": list, "backend_configuration": dict, "cache_config": dict,
+}
+# options this server has no counterpart for: only their defaults are accepted
+_WITHOUT_COUNTERPART = ("rate_limiter_resources", "pinned_memory_pool_size", "cuda_memory_pool_sizes",
+                        "cache_directory", "min_supported_compute_capability", "buffer_manager_thread_count",
+                        "model_load_retry_count", "model_namespacing", "enable_peer_access", "backend_directory",
+                        "repo_agent_directory", "model_load_device_limits", "host_policies", "metrics_configuration")
+_DEFAULTS = Options()
+_live_servers: weakref.WeakSet = weakref.WeakSet()
+
+
+class Server:
+    """A tritonmp server inside this program: `Server(Options(...))` or `Server(model_repository=...)`,
+    then start(). Models run in worker processes of their own, as under the `tritonmp` command."""
+
+    def __init__(self, options: Options | None = None, **kwargs: Any):
+        if options is None:
+            options = Options(**kwargs)
+        elif kwargs:
+            options = dataclasses.replace(options, **kwargs)
+        self.options = options
+        self._engine: Engine | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self, wait_until_ready: bool = False, polling_interval: float = 0.1,
+              timeout: float | None = None) -> Server:
+        if self._engine is not None:
+            raise InvalidArgumentError("Server already started")
+        server_options, control, cache = self._translate(self.options)
+        o = self.options
+        verbose = o.log_verbose > 0  # verbose logging turns the other levels on, as in Triton
+        log_settings = LogSettings(o.log_verbose, o.log_info or verbose, o.log_warn or verbose, o.log_error or verbose,
+                                   "ISO8601" if o.log_format == LogFormat.ISO8601 else "default", o.log_file or "",
+                                   logger="tritonmp")
+        engine = Engine(server_options, model_control=control, strict_readiness=o.strict_readiness, cache=cache,
+                        server_id=o.server_id, log_settings=log_settings)
+        engine.start()
+        self._engine = engine
+        _live_servers.add(self)
+        names = list(self.options.startup_models) if control == "explicit" else None
+        if names == ["*"]:
+            names = None  # every model of the repositories
+        try:
+            failures = engine.call(engine.load_startup(names))
+        except ServerError as e:
+            self.stop()
+            raise from_server_error(e) from None
+        if failures and self.options.exit_on_error:
+            self.stop()
+            raise InternalError("failed to load all models: " + "; ".join(failures))
+        started = time.monotonic()
+        while wait_until_ready and not self.ready() and (timeout is None or time.monotonic() - started < timeout):
+            time.sleep(polling_interval)
+        if wait_until_ready and not self.ready():
+            raise UnavailableError("Timeout before ready")
+        return self
+
+    def stop(self) -> None:
+        """Stop the models (their workers finish and exit); nothing is left in /dev/shm."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.stop(float(self.options.exit_timeout))
+
+    def __enter__(self) -> Server:
+        return self if self._engine is not None else self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _check_started(self) -> None:
+        if self._engine is None:
+            raise InvalidArgumentError("Server not started")
+
+    def _call(self, fn, *args):
+        self._check_started()
+        try:
+            return self._engine.run(fn, *args)
+        except ServerError as e:
+            raise from_server_error(e) from None
+
+    def _await(self, coro_fn, *args):
+        self._check_started()
+        try:
+            return self._engine.call(coro_fn(*args))
+        except ServerError as e:
+            raise from_server_error(e) from None
+
+    # -- the server ------------------------------------------------------------------------
+    def live(self) -> bool:
+        return self._call(self._engine.dataplane.live) if self._engine is not None else self._not_started()
+
+    def ready(self) -> bool:
+        return self._call(self._engine.dataplane.ready) if self._engine is not None else self._not_started()
+
+    def _not_started(self):
+        raise InvalidArgumentError("Server not started")
+
+    def metadata(self) -> dict[str, Any]:
+        from .. import __version__
+        from ..dataplane import EXTENSIONS
+
+        self._check_started()
+        return {"name": self.options.server_id, "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def metrics(self, metric_format: MetricFormat = MetricFormat.PROMETHEUS) -> str:
+        if MetricFormat(metric_format) != MetricFormat.PROMETHEUS:
+            raise InvalidArgumentError(f"unknown metric format {metric_format}")
+        if not self.options.metrics:
+            raise UnsupportedError("metrics not supported")
+        from ..metrics import render
+
+        self._check_started()
+        system = self._system_sampler()
+        return self._call(lambda: render(self._engine.models, system).decode())
+
+    def _system_sampler(self):
+        from ..metrics import SystemSampler
+
+        engine = self._engine
+        sampler = engine.sampler
+        if sampler is None:
+            sampler = engine.sampler = SystemSampler(self.options.cpu_metrics, self.options.gpu_metrics,
+                                                     engine.options.gpus)
+            engine.run(sampler.sample)
+        return sampler
+
+    # -- models ----------------------------------------------------------------------------
+    def model(self, model_name: str, model_version: int = -1) -> Model:
+        self._check_started()
+        return Model(self, model_name, model_version)
+
+    def models(self, exclude_not_ready: bool = False) -> ModelDictionary:
+        self._check_started()
+        index = self._call(self._engine.dataplane.repository_index, exclude_not_ready)
+        models = [Model(self, row["name"], int(row["version"]) if row.get("version") else -1, row.get("state"),
+                        row.get("reason")) for row in index]
+        return ModelDictionary(self, models)
+
+    def load(self, model_name: str, parameters: dict[str, str | int | bool | bytes] | None = None) -> Model:
+        """Load (or reload) a model; `parameters` as Triton's: `config` (JSON text) and `file:<path>`
+        (bytes). Needs ModelControlMode.EXPLICIT."""
+        params = dict(parameters or {})
+        self._await(self._engine.dataplane.load_model, model_name, params)
+        return self.model(model_name)
+
+    def unload(self, model: str | Model, unload_dependents: bool = False, wait_until_unloaded: bool = False,
+               polling_interval: float = 0.1, timeout: float | None = None) -> None:
+        name = model.name if isinstance(model, Model) else model
+        self._await(self._engine.dataplane.unload_model, name, {"unload_dependents": unload_dependents})
+        started = time.monotonic()
+        while wait_until_unloaded and (timeout is None or time.monotonic() - started < timeout):
+            if all(row.get("state") in (None, "UNAVAILABLE") for row in self._call(
+                    self._engine.dataplane.repository_index, False) if row["name"] == name):
+                return
+            time.sleep(polling_interval)
+
+    def poll_model_repository(self) -> None:
+        if self.options.model_control_mode != ModelControlMode.POLL:
+            raise UnsupportedError("poll not supported in the current model control mode")
+        self._await(self._engine.poll)
+
+    def register_model_repository(self, repository_path: str, name_mapping: dict | None = None) -> None:
+        raise UnsupportedError("registering a model repository on a running server is not supported by this "
+                               "server; give every repository in Options.model_repository")
+
+    def unregister_model_repository(self, repository_path: str) -> None:
+        raise UnsupportedError("unregistering a model repository on a running server is not supported by this "
+                               "server")
+
+    # -- options ---------------------------------------------------------------------------
+    @staticmethod
+    def _translate(options: Options) -> tuple[ServerOptions, str, ResponseCache | None]:
+        for name, kind in _TYPES.items():
+            value = getattr(options, name)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise TypeError(f"Options.{name} must be {kind.__name__}, got {type(value).__name__}")
+        repos = options.model_repository
+        if repos is None or repos == [] or repos == "":
+            raise InvalidArgumentError("Options.model_repository: at least one model repository is required")
+        if isinstance(repos, str):
+            repos = [repos]
+        if not isinstance(repos, list) or not all(isinstance(r, str) for r in repos):
+            raise TypeError("Options.model_repository must be a str or a list of str")
+        for repo in repos:
+            if not os.path.isdir(repo):
+                raise InternalError(f"failed to stat file {repo}")
+        for name in _WITHOUT_COUNTERPART:
+            if getattr(options, name) != getattr(_DEFAULTS, name):
+                raise UnsupportedError(f"Options.{name} has no counterpart in this server; leave it at its default")
+        if RateLimitMode(options.rate_limiter_mode) != RateLimitMode.OFF:
+            raise UnsupportedError("Options.rate_limiter_mode: only RateLimitMode.OFF is supported by this server")
+        if options.model_load_thread_count < 1:
+            raise InvalidArgumentError("Options.model_load_thread_count must be at least 1")
+        defaults: dict[str, int] = {}
+        for backend, settings in options.backend_configuration.items():
+            for key, value in settings.items():
+                if key != "default-max-batch-size":
+                    raise UnsupportedError(f"Options.backend_configuration[{backend!r}][{key!r}]: only "
+                                           "default-max-batch-size is supported by this server")
+                defaults[backend] = int(value)
+        cache = None
+        if options.cache_config:
+            local = options.cache_config.get("local")
+            if set(options.cache_config) != {"local"} or not isinstance(local, dict) or "size" not in local:
+                raise UnsupportedError("Options.cache_config: only {'local': {'size': BYTES}} is supported")
+            cache = ResponseCache(int(local["size"]))
+        control = {ModelControlMode.NONE: "none", ModelControlMode.POLL: "poll",
+                   ModelControlMode.EXPLICIT: "explicit"}[ModelControlMode(options.model_control_mode)]
+        return (ServerOptions(list(repos), auto_complete=not options.strict_model_config,
+                              log_verbose=options.log_verbose, exit_timeout=float(options.exit_timeout),
+                              default_max_batch_sizes=defaults), control, cache)
+
+
+class ModelDictionary(dict):
+    """Server.models(): (name, version) -> Model; a bare name gives the model's highest ready version."""
+
+    def __init__(self, server: Server, models: list[Model]):
+        super().__init__()
+        for model in models:
+            self[(model.name, model.version)] = model
+        self._server = server
+        self._names = {model.name for model in models}
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):
+            try:
+                return dict.__getitem__(self, key)
+            except KeyError:
+                raise KeyError(f"Unknown Model: {key}") from None
+        if key in self._names:
+            return Model(self._server, key, -1)
+        raise KeyError(f"Unknown Model: {key}")
+
+
+@atexit.register
+def _stop_live_servers() -> None:
+    """A program that ends without stop() still stops its models (and leaves no shared memory)."""
+    for server in list(_live_servers):
+        server.stop()
