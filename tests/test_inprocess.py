@@ -1,0 +1,256 @@
+"""The in-process API (tritonmp.tritonserver, tritonmp.tritonfrontend), used as Triton's
+`tritonserver` and `tritonfrontend` packages are: real worker processes run the ONNX and python
+models, errors are Triton's classes, and nothing is left behind when the program ends."""
+
+import asyncio
+import json
+import os
+import queue
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from conftest import EXAMPLE_REPO, ROOT, TEST_MODELS, free_ports, shm_segments, wait_for, write_model
+from tritonmp import tritonfrontend, tritonserver
+
+ONES = np.ones((1, 3), np.float32)
+
+
+ECHO = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+                for r in requests]
+"""
+ECHO_IO = {"input": [{"name": "X", "data_type": "TYPE_STRING", "dims": [-1]}],
+           "output": [{"name": "Y", "data_type": "TYPE_STRING", "dims": [-1]}]}
+
+
+@pytest.fixture(scope="module")
+def server(example_repo, tmp_path_factory):
+    own = tmp_path_factory.mktemp("inprocess")
+    write_model(own, "echo", ECHO, 'backend: "python"\nmax_batch_size: 0\n'
+                'input [ { name: "X", data_type: TYPE_STRING, dims: [ -1 ] } ]\n'
+                'output [ { name: "Y", data_type: TYPE_STRING, dims: [ -1 ] } ]\n')
+    s = tritonserver.Server(model_repository=[str(example_repo), str(TEST_MODELS), str(own)],
+                            model_control_mode=tritonserver.ModelControlMode.EXPLICIT,
+                            startup_models=["add", "add_py", "repeat", "ticker", "crash", "echo"])
+    s.start(wait_until_ready=True, timeout=120)
+    yield s
+    s.stop()
+    assert not shm_segments(os.getpid())
+
+
+def test_an_unstarted_or_misconfigured_server_raises_tritons_errors():
+    with pytest.raises(tritonserver.InvalidArgumentError, match="Server not started"):
+        tritonserver.Server().ready()
+    with pytest.raises(TypeError):
+        tritonserver.Server(server_id=1, model_repository=str(EXAMPLE_REPO)).start()
+    with pytest.raises(TypeError):
+        tritonserver.Server(model_repository=1).start()
+    with pytest.raises(tritonserver.InternalError):
+        tritonserver.Server(model_repository="does/not/exist").start()
+    with pytest.raises(tritonserver.InvalidArgumentError):
+        tritonserver.Server(model_repository=None).start()
+    with pytest.raises(tritonserver.UnsupportedError, match="backend_directory"):
+        tritonserver.Server(model_repository=str(EXAMPLE_REPO), backend_directory="/elsewhere").start()
+
+
+def test_inference_on_onnx_and_python_models(server):
+    assert server.ready() and server.live()
+    for model in ("add", "add_py"):
+        responses = list(server.model(model).infer(inputs={"A": ONES, "B": ONES * 2}))
+        assert len(responses) == 1 and responses[0].final and responses[0].error is None
+        np.testing.assert_array_equal(np.from_dlpack(responses[0].outputs["C"]), ONES * 3)
+    # Tensors and any DLPack producer are inputs too; outputs are DLPack producers
+    a = np.array([[1.0, 2.0, 3.0]], np.float32)
+    request = server.model("add").create_request(inputs={"A": tritonserver.Tensor.from_dlpack(a), "B": ONES},
+                                                 request_id="mine")
+    (response,) = server.model("add").infer(request)
+    assert response.request_id == "mine"
+    assert response.outputs["C"].data_type == tritonserver.DataType.FP32
+    assert np.from_dlpack(response.outputs["C"]).tolist() == [[2.0, 3.0, 4.0]]
+
+
+def test_strings_round_trip(server):
+    for value in (np.array(["hello", "wörld"], dtype=object), ["hello", "wörld"],
+                  tritonserver.Tensor.from_string_array(["hello", "wörld"])):
+        (response,) = server.model("echo").infer(inputs={"X": value})
+        assert response.outputs["Y"].to_string_array().tolist() == ["hello", "wörld"]
+        assert response.outputs["Y"].to_bytes_array().tolist() == [b"hello", "wörld".encode()]
+    (response,) = server.model("echo").infer(inputs={"X": "one"})
+    assert response.outputs["Y"].to_string_array().tolist() == ["one"]
+
+
+def test_model_metadata_config_statistics_and_properties(server):
+    model = server.model("add_py")
+    assert model.ready()
+    assert model.metadata()["name"] == "add_py" and {i["name"] for i in model.metadata()["inputs"]} == {"A", "B"}
+    assert model.config()["name"] == "add_py"
+    assert model.statistics()["model_stats"][0]["name"] == "add_py"
+    assert model.batch_properties() in (tritonserver.ModelBatchFlag.FIRST_DIM, tritonserver.ModelBatchFlag.UNKNOWN)
+    assert model.transaction_properties() == tritonserver.ModelTxnPropertyFlag.ONE_TO_ONE
+    assert server.model("repeat").transaction_properties() == tritonserver.ModelTxnPropertyFlag.DECOUPLED
+    assert ("add_py", 1) in server.models() and server.models()["add_py"].name == "add_py"
+    assert "nv_inference_request_success" in server.metrics()
+
+
+def test_errors_raise_or_come_in_the_response(server):
+    with pytest.raises(tritonserver.NotFoundError):
+        list(server.model("nope").infer(inputs={"A": ONES}))
+    with pytest.raises(tritonserver.InvalidArgumentError):
+        list(server.model("add").infer(inputs={"A": ONES}))  # B is missing
+    (response,) = server.model("add").infer(inputs={"A": ONES}, raise_on_error=False)
+    assert isinstance(response.error, tritonserver.InvalidArgumentError) and response.final
+
+
+def _n(n):
+    return {"N": np.array([n], np.int32)}
+
+
+def test_a_decoupled_model_streams_its_responses_as_they_come(server):
+    responses = list(server.model("repeat").infer(inputs=_n(3)))
+    assert [np.from_dlpack(r.outputs["I"]).tolist() for r in responses[:3]] == [[0], [1], [2]]
+    assert [r.final for r in responses] == [False, False, False, True] and responses[3].outputs == {}
+    user_queue: queue.SimpleQueue = queue.SimpleQueue()
+    list(server.model("repeat").infer(inputs=_n(2), response_queue=user_queue))
+    assert [user_queue.get(timeout=30).final for _ in range(3)] == [False, False, True]
+
+
+def test_async_inference_and_asyncio_response_queues(server):
+    async def main():
+        got = [np.from_dlpack(r.outputs["I"]).tolist() async for r in server.model("repeat").async_infer(
+            inputs=_n(2)) if r.outputs]
+        user_queue: asyncio.Queue = asyncio.Queue()
+        async for _ in server.model("add_py").async_infer(inputs={"A": ONES, "B": ONES}, response_queue=user_queue):
+            pass
+        queued = await asyncio.wait_for(user_queue.get(), 30)
+        both = await asyncio.gather(*(_collect(server.model("add").async_infer(inputs={"A": ONES, "B": ONES * k}))
+                                      for k in (1, 2)))
+        return got, np.from_dlpack(queued.outputs["C"]).tolist(), both
+
+    got, queued, both = asyncio.run(main())
+    assert got == [[0], [1]] and queued == [[2.0, 2.0, 2.0]]
+    assert both == [[[2.0, 2.0, 2.0]], [[3.0, 3.0, 3.0]]]
+
+
+async def _collect(responses):
+    return [np.from_dlpack(r.outputs["C"]).tolist() async for r in responses][0]
+
+
+def test_cancelling_a_request_reaches_the_model(capfd):
+    # a server of its own, so that its workers write their log where this test reads it
+    with tritonserver.Server(model_repository=str(TEST_MODELS), model_control_mode=tritonserver.ModelControlMode.EXPLICIT,
+                             startup_models=["ticker"]) as server:
+        responses = server.model("ticker").infer(inputs=_n(500), raise_on_error=False)  # 500 ticks: 10 s
+        first = next(responses)
+        assert np.from_dlpack(first.outputs["I"]).tolist() == [0]
+        responses.cancel()
+        rest = list(responses)
+        assert isinstance(rest[-2].error, tritonserver.CancelledError) and rest[-1].final
+        wait_for(lambda: "ticker: cancelled after" in capfd.readouterr().err, 30, "the model to see is_cancelled()")
+        assert list(server.model("ticker").infer(inputs=_n(0)))[-1].final  # it goes on serving
+
+
+def test_a_crashing_model_raises_and_its_instance_comes_back(server):
+    with pytest.raises(tritonserver.InternalError, match="crash"):
+        list(server.model("crash").infer(inputs={"X": np.array([-1.0], np.float32)}))
+    (response,) = server.model("crash").infer(inputs={"X": np.array([7.0], np.float32)})
+    assert np.from_dlpack(response.outputs["Y"]).tolist() == [7.0]
+
+
+def test_load_with_a_config_override_and_unload(server):
+    config = json.dumps({"backend": "python", "max_batch_size": 0, **ECHO_IO,
+                         "parameters": {"marker": {"string_value": "overridden"}}})
+    model = server.load("echo", {"config": config})
+    assert model.config()["parameters"]["marker"]["string_value"] == "overridden"
+    server.unload("echo", wait_until_unloaded=True, timeout=30)
+    assert not server.model("echo").ready()
+    server.load("echo")
+    assert "marker" not in server.model("echo").config().get("parameters", {})
+
+
+def test_memory_does_not_grow_over_thousands_of_requests(server):
+    def run(n):
+        for _ in range(n):
+            for response in server.model("add").infer(inputs={"A": ONES, "B": ONES}):
+                np.from_dlpack(response.outputs["C"])
+
+    run(500)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    run(3000)
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 16 * 1024, f"the process grew by {grown_kib} KiB over 3000 requests"
+
+
+def test_kserve_http_grpc_and_metrics_over_an_in_process_server(server):
+    http_port, grpc_port, metrics_port = free_ports(3)
+    with tritonfrontend.KServeHttp(server, tritonfrontend.KServeHttp.Options(port=http_port)), \
+            tritonfrontend.KServeGrpc(server, tritonfrontend.KServeGrpc.Options(port=grpc_port)), \
+            tritonfrontend.Metrics(server, tritonfrontend.Metrics.Options(port=metrics_port)):
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
+        try:
+            inputs = [httpclient.InferInput("A", [1, 3], "FP32"), httpclient.InferInput("B", [1, 3], "FP32")]
+            for x in inputs:
+                x.set_data_from_numpy(ONES)
+            assert client.infer("add", inputs).as_numpy("C").tolist() == [[2.0, 2.0, 2.0]]
+        finally:
+            client.close()
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as grpc:
+            inputs = [grpcclient.InferInput("A", [1, 3], "FP32"), grpcclient.InferInput("B", [1, 3], "FP32")]
+            for x in inputs:
+                x.set_data_from_numpy(ONES)
+            assert grpc.infer("add_py", inputs).as_numpy("C").tolist() == [[2.0, 2.0, 2.0]]
+            assert grpc.is_model_ready("repeat")
+        from conftest import http_request
+
+        status, _, body = http_request(metrics_port, "GET", "/metrics")
+        assert status == 200 and b'nv_inference_request_success{model="add",version="1"}' in body
+    with pytest.raises(tritonserver.InvalidArgumentError, match="Options"):
+        tritonfrontend.KServeHttp(server, tritonfrontend.KServeGrpc.Options())
+
+
+PROGRAM = """
+import sys, time
+import numpy as np
+from tritonmp import tritonserver
+server = tritonserver.Server(model_repository=sys.argv[1]).start(wait_until_ready=True)
+list(server.model("add_py").infer(inputs={"A": np.ones((1, 3), np.float32), "B": np.ones((1, 3), np.float32)}))
+print("READY", flush=True)
+if sys.argv[2] == "exit":
+    sys.exit(0)  # without stop()
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "SIGTERM"])
+def test_nothing_is_left_behind_however_the_program_ends(tmp_path, how):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "add_py").symlink_to(EXAMPLE_REPO / "add_py")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(PROGRAM), str(repo), how], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == b"READY"
+        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert workers, "the program should have a worker process"
+        if how == "SIGTERM":
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in workers), 30, "the workers to exit")
+        assert not shm_segments(proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
