@@ -1,0 +1,155 @@
+"""The in-process API's cost per request beside HTTP and gRPC, on the same machine and models:
+
+1. the ONNX add model, concurrency 1 and 16: requests per second and median latency through
+   `tritonmp.tritonserver` (threads calling Model.infer), tritonclient HTTP and tritonclient gRPC
+   against the `tritonmp` command;
+2. 64 MiB tensors (an ONNX identity model): in-process (a numpy input written once into the memory
+   the worker reads; the output a view of what the worker sent) beside the client
+   system-shared-memory path, and a bare 64 MiB memcpy.
+
+    .venv/bin/python scripts/bench_inprocess.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_targets import Server, median_us  # noqa: E402
+
+from make_example_repo import binary_op_model, write  # noqa: E402
+
+SECONDS = 3.0
+
+
+def rate(call, concurrency: int) -> tuple[float, float]:
+    """(requests per second, median latency in us) of `call` from `concurrency` threads."""
+    latencies: list[float] = []
+    stop = time.perf_counter() + SECONDS
+    lock = threading.Lock()
+
+    def worker():
+        mine = []
+        while time.perf_counter() < stop:
+            t = time.perf_counter()
+            call()
+            mine.append(time.perf_counter() - t)
+        with lock:
+            latencies.extend(mine)
+
+    for _ in range(50):
+        call()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return len(latencies) / (time.perf_counter() - started), statistics.median(latencies) * 1e6
+
+
+def small(repo: str) -> None:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    from tritonmp import tritonserver
+
+    a = np.ones((1, 3), np.float32)
+    rows = []
+    with tritonserver.Server(model_repository=repo) as server:
+        model = server.model("add")
+        for c in (1, 16):
+            rows.append(("in-process", c, *rate(lambda: list(model.infer(inputs={"A": a, "B": a})), c)))
+    server = Server(repo)
+    try:
+        for name, module, url in (("http", httpclient, f"127.0.0.1:{server.http}"),
+                                  ("grpc", grpcclient, f"127.0.0.1:{server.grpc}")):
+            for c in (1, 16):
+                local = threading.local()
+
+                def call(module=module, url=url, local=local):
+                    if not hasattr(local, "client"):
+                        local.client = module.InferenceServerClient(url)
+                        local.inputs = [module.InferInput("A", [1, 3], "FP32"), module.InferInput("B", [1, 3], "FP32")]
+                        for i in local.inputs:
+                            i.set_data_from_numpy(a)
+                    local.client.infer("add", local.inputs)
+
+                rows.append((name, c, *rate(call, c)))
+    finally:
+        server.stop()
+    for path, c, rps, med in rows:
+        print(f"add model, {path:<10} concurrency {c:>2}: {rps:8.0f} req/s, median {med:7.0f} us")
+
+
+def large(tmp: str) -> None:
+    import tritonclient.http as httpclient
+    import tritonclient.utils.shared_memory as shm
+    from onnx import TensorProto, helper
+
+    from tritonmp import tritonserver
+
+    n = 16 * 1024 * 1024  # 64 MiB of FP32
+    graph = helper.make_graph([helper.make_node("Identity", ["X"], ["Y"])], "identity",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, [n])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [n])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    repo = os.path.join(tmp, "big")
+    write(model, os.path.join(repo, "big", "1", "model.onnx"))
+    src = np.random.default_rng(0).random(n, dtype=np.float32)
+    dst = np.empty_like(src)
+    memcpy = median_us(lambda: np.copyto(dst, src), 20)
+    with tritonserver.Server(model_repository=repo) as server:
+        big = server.model("big")
+
+        def call():
+            (response,) = big.infer(inputs={"X": src})
+            return np.from_dlpack(response.outputs["Y"])
+
+        assert np.array_equal(call(), src)
+        inprocess = median_us(call, 20)
+    server = Server(repo, "--allow-client-shm=true")
+    key_in, key_out = f"/bench-in-{os.getpid()}", f"/bench-out-{os.getpid()}"
+    h_in = shm.create_shared_memory_region("in", key_in, src.nbytes)
+    h_out = shm.create_shared_memory_region("out", key_out, src.nbytes)
+    try:
+        shm.set_shared_memory_region(h_in, [src])
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}", network_timeout=120)
+        client.register_system_shared_memory("in", key_in, src.nbytes)
+        client.register_system_shared_memory("out", key_out, src.nbytes)
+        x = httpclient.InferInput("X", [n], "FP32")
+        x.set_shared_memory("in", src.nbytes)
+        y = httpclient.InferRequestedOutput("Y")
+        y.set_shared_memory("out", src.nbytes)
+        shm_ms = median_us(lambda: client.infer("big", [x], outputs=[y]), 20)
+    finally:
+        server.stop()
+        shm.destroy_shared_memory_region(h_in)
+        shm.destroy_shared_memory_region(h_out)
+    print(f"64 MiB in and out: in-process median {inprocess / 1000:.1f} ms, client shared memory "
+          f"{shm_ms / 1000:.1f} ms, bare 64 MiB memcpy {memcpy / 1000:.1f} ms (in-process / memcpy "
+          f"{inprocess / memcpy:.2f})")
+
+
+def main() -> None:
+    tmp = tempfile.mkdtemp(prefix="tritonmp-bench-")
+    try:
+        repo = os.path.join(tmp, "example")
+        write(binary_op_model("Add"), os.path.join(repo, "add", "1", "model.onnx"))
+        small(repo)
+        large(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
