@@ -153,9 +153,11 @@ class Worker:
             frames.append(buf)
         params = json.loads(request.parameters()) if request.parameters() else {}
         if request.correlation_id():  # a request of a sequence, as the client protocols carry it
+            from . import pb_utils
+
             params["sequence_id"] = request.correlation_id()
-            params["sequence_start"] = bool(request.flags() & 1)
-            params["sequence_end"] = bool(request.flags() & 2)
+            params["sequence_start"] = bool(request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
+            params["sequence_end"] = bool(request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
         if request.timeout():
             params["timeout"] = request.timeout()
         version = "" if request.model_version() in (-1, None) else str(request.model_version())
