@@ -17,8 +17,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import EXAMPLE_REPO, ROOT, TEST_MODELS, free_ports, shm_segments, wait_for, write_model
 from tritonmp import tritonfrontend, tritonserver
+
+from conftest import EXAMPLE_REPO, ROOT, TEST_MODELS, free_ports, shm_segments, wait_for, write_model
 
 ONES = np.ones((1, 3), np.float32)
 
@@ -44,7 +45,7 @@ def server(example_repo, tmp_path_factory):
                 'output [ { name: "Y", data_type: TYPE_STRING, dims: [ -1 ] } ]\n')
     s = tritonserver.Server(model_repository=[str(example_repo), str(TEST_MODELS), str(own)],
                             model_control_mode=tritonserver.ModelControlMode.EXPLICIT,
-                            startup_models=["add", "add_py", "repeat", "ticker", "crash", "echo"])
+                            startup_models=["add", "add_py", "repeat", "ticker", "crash", "echo", "accumulate"])
     s.start(wait_until_ready=True, timeout=120)
     yield s
     s.stop()
@@ -150,7 +151,8 @@ async def _collect(responses):
 
 def test_cancelling_a_request_reaches_the_model(capfd):
     # a server of its own, so that its workers write their log where this test reads it
-    with tritonserver.Server(model_repository=str(TEST_MODELS), model_control_mode=tritonserver.ModelControlMode.EXPLICIT,
+    explicit = tritonserver.ModelControlMode.EXPLICIT
+    with tritonserver.Server(model_repository=str(TEST_MODELS), model_control_mode=explicit,
                              startup_models=["ticker"]) as server:
         responses = server.model("ticker").infer(inputs=_n(500), raise_on_error=False)  # 500 ticks: 10 s
         first = next(responses)
@@ -160,6 +162,19 @@ def test_cancelling_a_request_reaches_the_model(capfd):
         assert isinstance(rest[-2].error, tritonserver.CancelledError) and rest[-1].final
         wait_for(lambda: "ticker: cancelled after" in capfd.readouterr().err, 30, "the model to see is_cancelled()")
         assert list(server.model("ticker").infer(inputs=_n(0)))[-1].final  # it goes on serving
+
+
+def test_sequences_priorities_and_timeouts_reach_the_scheduler(server):
+    sums = []
+    for i, x in enumerate((1, 2, 3)):
+        flags = (1 if i == 0 else 0) | (2 if i == 2 else 0)  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END
+        (response,) = server.model("accumulate").infer(inputs={"X": np.array([[x]], np.int32)}, correlation_id=42,
+                                                       flags=flags, priority=1, timeout=10_000_000)
+        sums.append(int(np.from_dlpack(response.outputs["SUM"]).flat[0]))
+        assert int(np.from_dlpack(response.outputs["SEEN_ID"]).flat[0]) == 42
+    assert sums == [1, 3, 6]
+    with pytest.raises(tritonserver.InvalidArgumentError, match="correlation ID"):
+        list(server.model("accumulate").infer(inputs={"X": np.array([[1]], np.int32)}))
 
 
 def test_a_crashing_model_raises_and_its_instance_comes_back(server):
