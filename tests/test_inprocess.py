@@ -269,3 +269,17 @@ def test_nothing_is_left_behind_however_the_program_ends(tmp_path, how):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_a_server_dropped_without_stop_stops_its_workers(example_repo):
+    import gc
+
+    explicit = tritonserver.ModelControlMode.EXPLICIT
+    server = tritonserver.Server(model_repository=str(example_repo), model_control_mode=explicit,
+                                 startup_models=["add_py"]).start(wait_until_ready=True)
+    workers = [i.proc.pid for mv in server._engine.models.models["add_py"].versions.values()
+               for i in mv.pool.instances]
+    del server
+    gc.collect()
+    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+                             for pid in workers), 30, "the dropped server's workers to exit")

@@ -10,6 +10,7 @@ import atexit
 import dataclasses
 import enum
 import os
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -172,6 +173,12 @@ class Server:
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.stop(float(self.options.exit_timeout))
+
+    def __del__(self):
+        """A server dropped without stop() stops its models when it is collected."""
+        engine = getattr(self, "_engine", None)
+        if engine is not None and threading.current_thread() is not engine.thread:
+            self.stop()
 
     def __enter__(self) -> Server:
         return self if self._engine is not None else self.start()
