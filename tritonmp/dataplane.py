@@ -42,6 +42,14 @@ class Dataplane:
         self.accepting = True  # false once shutdown starts
         self.loaded = False  # true once the startup load has finished
 
+    def serve_models(self) -> Dataplane:
+        """Give the models' own requests (BLS, decoupled BLS, model control from a model) to this
+        dataplane: the one wiring of the server's core, for the command and the in-process API."""
+        self.models.bls = self.infer
+        self.models.bls_stream = self.infer_stream
+        self.models.control = self.model_call
+        return self
+
     def live(self) -> bool:
         return self.accepting
 

@@ -189,9 +189,7 @@ class Server:
         dataplane = Dataplane(models, self.strict_readiness, self.allow_client_shm, self.model_control,
                               self.log_settings, self.tracer, self.cache)
         dataplane.server_id = self.server_id
-        models.bls = dataplane.infer
-        models.bls_stream = dataplane.infer_stream
-        models.control = dataplane.model_call
+        dataplane.serve_models()
         poller = None
         code = 0
         try:

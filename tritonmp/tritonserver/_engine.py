@@ -53,10 +53,7 @@ class Engine:
         dp = Dataplane(self.models, self._strict_readiness, False, self._model_control, self._log_settings,
                        cache=self._cache)
         dp.server_id = self._server_id
-        self.models.bls = dp.infer
-        self.models.bls_stream = dp.infer_stream
-        self.models.control = dp.model_call
-        self.dataplane = dp
+        self.dataplane = dp.serve_models()
 
     async def load_startup(self, names: list[str] | None) -> list[str]:
         await self.models.load_all(names)
