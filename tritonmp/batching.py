@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 
-from . import datatypes, transport
+from . import buffers, datatypes, transport
 from .arena import Arena
 from .core import InferRequest, InferResponse, Tensor
 from .errors import ServerError, Status
@@ -99,7 +99,7 @@ def _buffer(ref: transport.TensorRef, frames, arena: Arena):
     if ref.frame >= 0:
         return frames[ref.frame]
     # copy out of the arena: the worker reuses it for its next batch
-    return memoryview(bytes(arena.view[ref.offset:ref.offset + ref.nbytes]))
+    return buffers.copy_of(arena.view[ref.offset:ref.offset + ref.nbytes])
 
 
 def _split_bytes(buf: memoryview, counts: list[int]) -> list[memoryview]:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from . import transport
+from . import buffers, transport
 
 log = logging.getLogger("tritonmp.channel")
 
@@ -27,7 +27,7 @@ class Channel(asyncio.BufferedProtocol):
         self._scratch = bytearray(SCRATCH)
         self._view = memoryview(self._scratch)
         self._filled = 0  # bytes of the scratch buffer holding data not yet handed on
-        self._body: bytearray | None = None  # a large message being read in place
+        self._body: memoryview | None = None  # a large message being read in place
         self._body_filled = 0
 
     def connection_made(self, t) -> None:
@@ -57,7 +57,7 @@ class Channel(asyncio.BufferedProtocol):
                 pos = end
                 continue
             if size + total > SCRATCH:  # too big for the scratch buffer: read the rest in place
-                body = bytearray(total)
+                body = buffers.fresh(total)
                 have = self._filled - pos - size
                 body[:have] = self._view[pos + size:self._filled]
                 self._body, self._body_filled = body, have

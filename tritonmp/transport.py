@@ -15,6 +15,8 @@ import struct
 
 import msgspec
 
+from . import buffers
+
 PROTOCOL_VERSION = 2
 
 # message types
@@ -290,10 +292,10 @@ class MessageReader:
             self.start = first + total
             return memoryview(bytes(self.view[first:first + total]))
         # larger than what the scratch buffer can hold: the rest goes straight into its own buffer
-        body = bytearray(total)
+        body = buffers.fresh(total)
         have = self.end - first
         body[:have] = self.view[first:self.end]
         self.start = self.end = 0
-        if not _recv_exact(self.sock, memoryview(body)[have:]):
+        if not _recv_exact(self.sock, body[have:]):
             return None
-        return memoryview(body)
+        return body
