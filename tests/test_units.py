@@ -256,3 +256,16 @@ def test_response_sender_rules_raise_in_the_model_and_end_the_request_once():
     s, sent = sender(decoupled=False)
     assert s._claim() == ""  # execute returned this request's response
     assert "more than one response" in s._claim() and sent == []
+
+
+def test_every_package_of_the_source_tree_is_installed():
+    """pyproject.toml lists packages by name: a new subpackage missing there works from a checkout
+    (editable install) and is absent from the wheel users install."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"tritonmp." + ".".join(p.parent.relative_to(root / "tritonmp").parts)
+             for p in (root / "tritonmp").rglob("__init__.py") if p.parent != root / "tritonmp"}
+    assert found | {"tritonmp", "tritonmp.workers"} <= listed
