@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
-from tritonmp import config as cfg
-from tritonmp import grpc_codec, http2, http_codec
 from tritonmp.errors import ServerError
+from tritonmp.frontends import grpc_codec, http2, http_codec
+from tritonmp.repository import config as cfg
 from tritonmp.validation import TensorConfig, check_request
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True,
@@ -182,7 +182,7 @@ PATH_PARTS = st.sampled_from(["1", "model.py", "..", ".", "", "a" * 300, "x\0y",
 @example("1/" + "a" * 300)
 @example("/1/model.py")
 def test_upload_paths_stay_inside_the_model_directory(tmp_path, rel):
-    from tritonmp.model_manager import _write_files
+    from tritonmp.repository.model_manager import _write_files
 
     before = set(os.listdir(tmp_path))
     try:

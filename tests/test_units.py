@@ -7,10 +7,13 @@ import hpack
 import numpy as np
 import pytest
 
-from tritonmp import batching, datatypes, http2, transport
-from tritonmp.arena import Arena, segment_name
+from tritonmp import datatypes
 from tritonmp.core import InferRequest, RequestedOutput, Tensor
-from tritonmp.scheduler import BatchPolicy
+from tritonmp.frontends import http2
+from tritonmp.ipc import transport
+from tritonmp.ipc.arena import Arena, segment_name
+from tritonmp.scheduling import batching
+from tritonmp.scheduling.scheduler import BatchPolicy
 from tritonmp.workers import cuda_shm
 
 
@@ -176,7 +179,7 @@ def test_only_table_references_make_a_cacheable_header_block():
 
 
 def test_messages_name_each_kind_of_model():
-    from tritonmp.model_io import model_kind
+    from tritonmp.repository.model_io import model_kind
 
     pairs = (("onnxruntime", "onnxruntime_onnx"), ("openvino", ""), ("tensorrt", "tensorrt_plan"),
              ("tensorflow", "tensorflow_graphdef"), ("tensorflow", "tensorflow_savedmodel"),
@@ -261,8 +264,9 @@ def test_response_sender_rules_raise_in_the_model_and_end_the_request_once():
 def test_every_package_of_the_source_tree_is_installed():
     """pyproject.toml lists packages by name: a new subpackage missing there works from a checkout
     (editable install) and is absent from the wheel users install."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     root = Path(__file__).resolve().parent.parent
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])

@@ -10,8 +10,8 @@ import os
 import sys
 
 from . import __version__, triton_flags
-from .http_protocol import Limits
-from .restricted import GRPC_HEADER_PREFIX, Restrictions
+from .frontends.http_protocol import Limits
+from .frontends.restricted import GRPC_HEADER_PREFIX, Restrictions
 
 _bool = triton_flags.parse_bool
 
@@ -100,7 +100,7 @@ def serve_parser() -> argparse.ArgumentParser:
 
 def serve(argv: list[str]) -> int:
     args = serve_parser().parse_args(argv)
-    from .log_settings import LogSettings
+    from .observability.log_settings import LogSettings
 
     try:
         log_settings = LogSettings(args.log_verbose, args.log_info, args.log_warning, args.log_error,
@@ -138,7 +138,7 @@ def serve(argv: list[str]) -> int:
         tls = {"server_cert": args.grpc_server_cert, "server_key": args.grpc_server_key,
                "root_cert": args.grpc_root_cert, "mutual": args.grpc_use_ssl_mutual}
     from .gpus import visible_gpus
-    from .model_manager import ServerOptions
+    from .repository.model_manager import ServerOptions
     from .server import Endpoints, Server
 
     auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
@@ -150,8 +150,8 @@ def serve(argv: list[str]) -> int:
                             gpus=visible_gpus(), default_max_batch_sizes=max_batch_sizes,
                             config_name=args.model_config_name)
     from .errors import ServerError
-    from .response_cache import from_flags as cache_from_flags
-    from .tracing import Tracer, settings_from_flags
+    from .observability.tracing import Tracer, settings_from_flags
+    from .scheduling.response_cache import from_flags as cache_from_flags
 
     try:
         tracer = Tracer(settings_from_flags(args.trace_config))
@@ -191,7 +191,7 @@ def check(argv: list[str]) -> int:
     p.add_argument("repositories", nargs="+", metavar="REPO")
     p.add_argument("--disable-auto-complete-config", action="store_true")
     args = p.parse_args(argv)
-    from .check import check_repositories
+    from .repository.check import check_repositories
 
     problems, models = check_repositories(args.repositories, not args.disable_auto_complete_config)
     for line in problems:

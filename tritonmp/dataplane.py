@@ -8,15 +8,15 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from . import config as cfg
 from .classification import class_count, classify
 from .core import InferRequest, InferResponse
 from .errors import ServerError, invalid, unavailable, unsupported
-from .log_settings import LogSettings
-from .model_manager import ModelManager
-from .response_cache import ResponseCache
-from .shm_registry import SharedMemoryRegistry
-from .tracing import Tracer
+from .ipc.shm_registry import SharedMemoryRegistry
+from .observability.log_settings import LogSettings
+from .observability.tracing import Tracer
+from .repository import config as cfg
+from .repository.model_manager import ModelManager
+from .scheduling.response_cache import ResponseCache
 from .validation import check_request
 
 log = logging.getLogger("tritonmp.dataplane")

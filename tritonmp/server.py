@@ -13,19 +13,20 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from . import arena, json_offload
-from . import grpc_server as grpc_frontend
 from .dataplane import EXTENSIONS, Dataplane
-from .http2 import Keepalive
-from .http_protocol import Limits, default_max_connections, protocol_class
-from .http_server import HttpApp
-from .log_settings import LogSettings
-from .metrics import MetricsApp, SystemSampler
-from .model_manager import ModelManager, ServerOptions
-from .response_cache import ResponseCache
-from .restricted import Restrictions
-from .sd_notify import Notifier
-from .tracing import Tracer
+from .frontends import grpc_server as grpc_frontend
+from .frontends import json_offload
+from .frontends.http2 import Keepalive
+from .frontends.http_protocol import Limits, default_max_connections, protocol_class
+from .frontends.http_server import HttpApp
+from .frontends.restricted import Restrictions
+from .ipc import arena
+from .observability.log_settings import LogSettings
+from .observability.metrics import MetricsApp, SystemSampler
+from .observability.sd_notify import Notifier
+from .observability.tracing import Tracer
+from .repository.model_manager import ModelManager, ServerOptions
+from .scheduling.response_cache import ResponseCache
 
 log = logging.getLogger("tritonmp.server")
 

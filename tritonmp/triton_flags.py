@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from .http2 import Keepalive
+from .frontends.http2 import Keepalive
 
 # flag -> why it means nothing in this server
 IGNORED = {

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from . import datatypes
 from .core import InferRequest
 from .errors import invalid
-from .shm_registry import ShmRef
+from .ipc.shm_registry import ShmRef
 
 
 @dataclass(frozen=True)

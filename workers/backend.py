@@ -69,7 +69,7 @@ def check_io(config: dict, inputs: list[dict], outputs: list[dict], **options) -
     from google.protobuf import json_format
     from tritonclient.grpc import model_config_pb2 as mc
 
-    from tritonmp import model_io
+    from tritonmp.repository import model_io
 
     proto = json_format.ParseDict(config, mc.ModelConfig(), ignore_unknown_fields=True)
     graph = model_io.from_specs(inputs), model_io.from_specs(outputs)

@@ -12,7 +12,7 @@ import queue
 import socket
 import threading
 
-from tritonmp import transport
+from tritonmp.ipc import transport
 
 
 class Inbox:

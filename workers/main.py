@@ -21,8 +21,9 @@ from collections import deque
 
 import numpy as np
 
-from tritonmp import datatypes, transport
-from tritonmp.arena import Arena
+from tritonmp import datatypes
+from tritonmp.ipc import transport
+from tritonmp.ipc.arena import Arena
 
 from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor
 from .client_shm import ClientRegions

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from tritonmp.transport import TensorSpec, WorkerSpec
+from tritonmp.ipc.transport import TensorSpec, WorkerSpec
 
 from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor
 

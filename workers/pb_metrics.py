@@ -1,6 +1,6 @@
 """The custom-metrics part of Triton's python-backend API: `MetricFamily`, `Metric`, `MetricKind`.
 
-Values live in the frontend (tritonmp/custom_metrics.py), which exports them with the server's own
+Values live in the frontend (tritonmp/observability/custom_metrics.py), which exports them with the server's own
 metrics. Creating a family or a metric, and reading a value, ask the frontend and wait; increment,
 set and observe are checked here and sent without waiting (in order with everything else the worker
 sends), so that a model may count on its hot path.

@@ -11,7 +11,7 @@ import sys
 import threading
 import traceback
 
-from tritonmp.transport import TensorSpec, WorkerSpec
+from tritonmp.ipc.transport import TensorSpec, WorkerSpec
 
 from . import pb_utils
 from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor

@@ -11,7 +11,7 @@ import re
 import numpy as np
 
 from tritonmp import datatypes
-from tritonmp.transport import TensorSpec, WorkerSpec
+from tritonmp.ipc.transport import TensorSpec, WorkerSpec
 
 from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor
 

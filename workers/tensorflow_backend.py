@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from tritonmp import datatypes
-from tritonmp.transport import TensorSpec, WorkerSpec
+from tritonmp.ipc.transport import TensorSpec, WorkerSpec
 
 from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor, check_io, model_path, param, tensor_dict
 

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
-from .. import grpc_server
 from ..dataplane import EXTENSIONS
-from ..http2 import Keepalive
-from ..http_protocol import Limits, default_max_connections, protocol_class
-from ..http_server import DEFAULT_MAX_INPUT_SIZE, HttpApp
-from ..metrics import MetricsApp, SystemSampler
-from ..restricted import GRPC_HEADER_PREFIX, Restrictions
+from ..frontends import grpc_server
+from ..frontends.http2 import Keepalive
+from ..frontends.http_protocol import Limits, default_max_connections, protocol_class
+from ..frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpApp
+from ..frontends.restricted import GRPC_HEADER_PREFIX, Restrictions
+from ..observability.metrics import MetricsApp, SystemSampler
 from ..tritonserver import InvalidArgumentError, Server, UnavailableError, UnsupportedError
 
 

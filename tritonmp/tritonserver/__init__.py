@@ -6,30 +6,30 @@ command; the program's threads (or its asyncio loop) send requests with no netwo
 """
 
 from ._errors import (
-                      AlreadyExistsError,
-                      CancelledError,
-                      InternalError,
-                      InvalidArgumentError,
-                      NotFoundError,
-                      TritonError,
-                      UnavailableError,
-                      UnknownError,
-                      UnsupportedError,
+    AlreadyExistsError,
+    CancelledError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    TritonError,
+    UnavailableError,
+    UnknownError,
+    UnsupportedError,
 )
 from ._model import Model, ModelBatchFlag, ModelTxnPropertyFlag
 from ._request import InferenceRequest
 from ._response import AsyncResponseIterator, InferenceResponse, ResponseIterator
 from ._server import (
-                      InstanceGroupKind,
-                      LogFormat,
-                      MetricFormat,
-                      ModelControlMode,
-                      ModelDictionary,
-                      ModelLoadDeviceLimit,
-                      Options,
-                      RateLimiterResource,
-                      RateLimitMode,
-                      Server,
+    InstanceGroupKind,
+    LogFormat,
+    MetricFormat,
+    ModelControlMode,
+    ModelDictionary,
+    ModelLoadDeviceLimit,
+    Options,
+    RateLimiterResource,
+    RateLimitMode,
+    Server,
 )
 from ._tensor import DataType, DLDeviceType, MemoryType, Tensor
 

@@ -11,13 +11,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from .. import arena, json_offload
 from ..core import InferRequest, InferResponse
 from ..dataplane import Dataplane
 from ..errors import ServerError, Status
-from ..log_settings import LogSettings
-from ..model_manager import ModelManager, ServerOptions
-from ..response_cache import ResponseCache
+from ..frontends import json_offload
+from ..ipc import arena
+from ..observability.log_settings import LogSettings
+from ..repository.model_manager import ModelManager, ServerOptions
+from ..scheduling.response_cache import ResponseCache
 
 log = logging.getLogger("tritonmp.inprocess")
 

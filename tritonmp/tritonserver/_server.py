@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ServerError
-from ..log_settings import LogSettings
-from ..model_manager import ServerOptions
-from ..response_cache import ResponseCache
+from ..observability.log_settings import LogSettings
+from ..repository.model_manager import ServerOptions
+from ..scheduling.response_cache import ResponseCache
 from ._engine import Engine
 from ._errors import InternalError, InvalidArgumentError, UnavailableError, UnsupportedError, from_server_error
 from ._model import Model
@@ -226,14 +226,14 @@ class Server:
             raise InvalidArgumentError(f"unknown metric format {metric_format}")
         if not self.options.metrics:
             raise UnsupportedError("metrics not supported")
-        from ..metrics import render
+        from ..observability.metrics import render
 
         self._check_started()
         system = self._system_sampler()
         return self._call(lambda: render(self._engine.models, system).decode())
 
     def _system_sampler(self):
-        from ..metrics import SystemSampler
+        from ..observability.metrics import SystemSampler
 
         engine = self._engine
         sampler = engine.sampler

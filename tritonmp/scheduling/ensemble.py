@@ -11,12 +11,12 @@ from collections import deque
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from . import config as cfg
-from .classification import read_labels
-from .core import InferRequest, InferResponse, RequestedOutput, Tensor
-from .errors import ServerError, Status, unsupported
-from .stats import ModelStats
-from .validation import TensorConfig
+from ..classification import read_labels
+from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
+from ..errors import ServerError, Status, unsupported
+from ..observability.stats import ModelStats
+from ..repository import config as cfg
+from ..validation import TensorConfig
 
 log = logging.getLogger("tritonmp.ensemble")
 

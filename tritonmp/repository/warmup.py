@@ -8,8 +8,8 @@ import os
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from . import datatypes
-from .core import InferRequest, Tensor
+from .. import datatypes
+from ..core import InferRequest, Tensor
 
 
 def _data(name: str, datatype: str, dims: list[int], spec, model_dir: str, batch: int,

@@ -20,13 +20,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import batching, transport
+from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
+from ..errors import ServerError, Status
+from ..observability.custom_metrics import CustomMetrics
+from ..observability.stats import ModelStats
+from ..scheduling import batching
+from . import transport
 from .arena import Arena, segment_name
 from .channel import Channel
-from .core import InferRequest, InferResponse, RequestedOutput, Tensor
-from .custom_metrics import CustomMetrics
-from .errors import ServerError, Status
-from .stats import ModelStats
 
 log = logging.getLogger("tritonmp.pool")
 

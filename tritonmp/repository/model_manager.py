@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..classification import read_labels
+from ..errors import ServerError, internal, invalid, not_found, unavailable
+from ..ipc.pool import InstancePool, InstanceSpec, LoadError
+from ..observability.custom_metrics import CustomMetrics
+from ..scheduling.ensemble import EnsembleVersion
+from ..scheduling.scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
+from ..scheduling.sequence import SequenceScheduler
+from ..validation import TensorConfig
 from . import config as cfg
-from .classification import read_labels
 from .config import ConfigProblem
-from .custom_metrics import CustomMetrics
-from .ensemble import EnsembleVersion
-from .errors import ServerError, internal, invalid, not_found, unavailable
-from .pool import InstancePool, InstanceSpec, LoadError
-from .scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
-from .sequence import SequenceScheduler
-from .validation import TensorConfig
 from .warmup import warmup_requests
 
 log = logging.getLogger("tritonmp.models")

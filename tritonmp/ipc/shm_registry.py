@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import posix_ipc
 
-from .errors import ServerError, Status, invalid, not_found
+from ..errors import ServerError, Status, invalid, not_found
 
 _ids = itertools.count(1)
 IPC_HANDLE_SIZE = 64

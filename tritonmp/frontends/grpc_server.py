@@ -15,9 +15,10 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
-from . import __version__, grpc_codec
-from .dataplane import Dataplane
-from .errors import ServerError, Status
+from .. import __version__
+from ..dataplane import Dataplane
+from ..errors import ServerError, Status
+from . import grpc_codec
 from .grpc_protocol import CALL_METADATA, Code, GrpcServer, Method, RpcError, metadata_value, server_ssl_context
 from .http2 import Keepalive
 from .restricted import GRPC_GROUP, Restrictions, grpc_message

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import struct
 
-from . import buffers, datatypes, transport
-from .arena import Arena
-from .core import InferRequest, InferResponse, Tensor
-from .errors import ServerError, Status
-from .shm_registry import ShmRef
+from .. import datatypes
+from ..core import InferRequest, InferResponse, Tensor
+from ..errors import ServerError, Status
+from ..ipc import buffers, transport
+from ..ipc.arena import Arena
+from ..ipc.shm_registry import ShmRef
 
 _len = struct.Struct("<I").unpack_from
 

@@ -13,9 +13,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .core import InferRequest
-from .errors import invalid, unavailable
-from .pool import InstancePool
+from ..core import InferRequest
+from ..errors import invalid, unavailable
+from ..ipc.pool import InstancePool
 
 
 class BatchPolicy:

@@ -28,7 +28,7 @@ class GraphTensor:
 
 def from_specs(specs: list[dict]) -> list[GraphTensor]:
     """GraphTensors from [{'name', 'datatype' (a Triton name such as FP32), 'shape' (or None)}]."""
-    from . import datatypes
+    from .. import datatypes
 
     out = []
     for s in specs:

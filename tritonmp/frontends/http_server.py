@@ -14,9 +14,10 @@ import zlib
 
 import orjson
 
-from . import __version__, generate, http_codec, json_offload
-from .dataplane import EXTENSIONS, Dataplane
-from .errors import ServerError, invalid, too_large, unsupported
+from .. import __version__
+from ..dataplane import EXTENSIONS, Dataplane
+from ..errors import ServerError, invalid, too_large, unsupported
+from . import generate, http_codec, json_offload
 from .inflate import TooLarge, inflate
 from .restricted import HTTP_GROUP, Restrictions, http_message
 

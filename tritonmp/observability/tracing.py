@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .errors import invalid, unsupported
+from ..errors import invalid, unsupported
 
 log = logging.getLogger("tritonmp.trace")
 
@@ -45,7 +45,7 @@ class Trace:
 
 
 def _tensor_text(t) -> str:
-    from . import datatypes
+    from .. import datatypes
 
     data = t.data
     if data is None or not isinstance(data, (bytes, bytearray, memoryview)):

@@ -8,9 +8,9 @@ import json
 
 import numpy as np
 
-from . import datatypes
-from .core import InferRequest, InferResponse, Tensor
-from .errors import invalid
+from .. import datatypes
+from ..core import InferRequest, InferResponse, Tensor
+from ..errors import invalid
 
 RESERVED = ("id", "parameters")
 PREFIX = "[request id: <id_unknown>] "

@@ -15,7 +15,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .errors import ServerError, Status
+from ..errors import ServerError, Status
 
 KINDS = ("COUNTER", "GAUGE", "HISTOGRAM")
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from . import datatypes
-from .core import InferRequest, Tensor
-from .errors import invalid
-from .pool import Instance, InstancePool
+from .. import datatypes
+from ..core import InferRequest, Tensor
+from ..errors import invalid
+from ..ipc.pool import Instance, InstancePool
 from .scheduler import DrainWaiters
 
 log = logging.getLogger("tritonmp.sequence")

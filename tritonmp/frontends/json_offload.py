@@ -13,9 +13,9 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
+from ..core import InferRequest
+from ..errors import internal
 from . import http_codec
-from .core import InferRequest
-from .errors import internal
 
 OFFLOAD_BYTES = 1 << 20
 

@@ -14,7 +14,8 @@ from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
-from . import datatypes, model_io, onnx_graph, warmup
+from .. import datatypes
+from . import model_io, onnx_graph, warmup
 
 ModelConfig = mc.ModelConfig
 

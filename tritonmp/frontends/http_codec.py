@@ -8,9 +8,9 @@ import zlib
 import numpy as np
 import orjson
 
-from . import datatypes
-from .core import InferRequest, InferResponse, RequestedOutput, Tensor
-from .errors import invalid
+from .. import datatypes
+from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
+from ..errors import invalid
 
 
 def decode_raw(body: bytes, model: str, version: str, inputs: dict, max_batch_size: int) -> InferRequest:

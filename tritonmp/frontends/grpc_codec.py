@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from . import datatypes
-from .core import InferRequest, InferResponse, RequestedOutput, Tensor
-from .errors import invalid
+from .. import datatypes
+from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
+from ..errors import invalid
 
 # datatype -> the InferTensorContents field that carries it in typed form
 CONTENTS_FIELD = {

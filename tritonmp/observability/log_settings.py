@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from .errors import invalid, unsupported
+from ..errors import invalid, unsupported
 
 FORMATS = {
     "default": ("%(levelname).1s%(asctime)s.%(msecs)03d %(process)d %(name)s] %(message)s", "%m%d %H:%M:%S"),

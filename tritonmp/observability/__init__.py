@@ -1,0 +1,1 @@
+"""What the server tells about itself: metrics, statistics, traces, logging settings, systemd notifications."""

@@ -1,0 +1,1 @@
+"""Scheduling: queues, dynamic and sequence batching, ensembles, the response cache."""
