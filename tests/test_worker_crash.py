@@ -44,7 +44,7 @@ def test_crash_fails_in_flight_request_and_the_instance_comes_back(start_server,
         assert status == 500
         error = orjson.loads(raw)["error"]
         assert "model 'crash' instance 'crash_0_0'" in error
-        assert f"(pid {first_pid}) was killed by SIGKILL" in error
+        assert f"(pid {first_pid}) was killed by SIGKILL while running this request" in error
         # the model stays READY while its instance restarts; the next request waits for it
         assert server.get("/v2/models/crash/ready")[0] == 200
         status, _, raw = server.post("/v2/models/crash/infer", _x(7))

@@ -211,9 +211,11 @@ class Instance:
                 f"model '{self.pool.model_name}' instance '{self.spec.name}' (pid {proc.pid}) {reason} "
                 f"while running this request; {then}", Status.INTERNAL)
             now = time.monotonic_ns()
-            for request in batch:
-                if request.stream is not None or self.pool.senders:
-                    continue  # ended with the open streams below (or already answered)
+            for index, request in enumerate(batch):
+                if request.stream is not None:
+                    continue  # ended with the open streams below
+                if self.pool.senders and self.streams.pop((self.batch_id, index), None) is None:
+                    continue  # already answered through its response sender
                 self.pool.stats.finished(False, request.batch_size, now - request.arrival_ns)
                 if not request.future.done():
                     request.future.set_exception(err)
