@@ -334,7 +334,8 @@ class Instance:
                 self.ready.set_exception(LoadError(failed.error))
 
     def _on_stream(self, msg: transport.StreamResponse, frames) -> None:
-        """One response of a decoupled model, for a request that may have finished executing."""
+        """A response sent through a response sender (any number for a decoupled model, one for a
+        python model that answers that way), for a request that may have finished executing."""
         key = (msg.batch_id, msg.index)
         request = self.streams.get(key)
         if request is None:
