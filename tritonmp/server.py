@@ -1,5 +1,6 @@
-"""The server's lifecycle: start the HTTP frontend and the models; stop in order
-on a signal (stop accepting, drain in-flight requests, stop workers, unlink shared memory)."""
+"""The `tritonmp` command's lifecycle: the server's core (server_core.py, shared with the in-process
+API), the HTTP, gRPC and metrics frontends on the main loop; stop in order on a signal (stop
+accepting, drain in-flight requests, stop workers, unlink shared memory)."""
 
 from __future__ import annotations
 
@@ -15,18 +16,17 @@ import uvicorn
 
 from .dataplane import EXTENSIONS, Dataplane
 from .frontends import grpc_server as grpc_frontend
-from .frontends import json_offload
 from .frontends.http2 import Keepalive
 from .frontends.http_protocol import Limits, default_max_connections, protocol_class
 from .frontends.http_server import HttpApp
 from .frontends.restricted import Restrictions
-from .ipc import arena
 from .observability.log_settings import LogSettings
 from .observability.metrics import MetricsApp, SystemSampler
 from .observability.sd_notify import Notifier
 from .observability.tracing import Tracer
 from .repository.model_manager import ModelManager, ServerOptions
 from .scheduling.response_cache import ResponseCache
+from .server_core import ServerCore
 
 log = logging.getLogger("tritonmp.server")
 
@@ -183,14 +183,11 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         watchdog = loop.create_task(self.notifier.watchdog())
-        removed = arena.remove_orphans()
-        if removed:
-            log.warning("removed %d shared-memory segments left by a server that is gone", len(removed))
-        models = ModelManager(self.options)
-        dataplane = Dataplane(models, self.strict_readiness, self.allow_client_shm, self.model_control,
-                              self.log_settings, self.tracer, self.cache)
-        dataplane.server_id = self.server_id
-        dataplane.serve_models()
+        core = ServerCore(self.options, model_control=self.model_control, strict_readiness=self.strict_readiness,
+                          allow_client_shm=self.allow_client_shm, log_settings=self.log_settings,
+                          tracer=self.tracer, cache=self.cache, server_id=self.server_id)
+        await core.build()
+        models, dataplane = core.models, core.dataplane
         poller = None
         code = 0
         try:
@@ -200,14 +197,12 @@ class Server:
                 log.error("cannot serve: %s", e)
                 return 1
             names = self.load_models if self.model_control == "explicit" else None
-            load = loop.create_task(models.load_all(names))
+            load = loop.create_task(core.load_startup(names))
             stop = loop.create_task(self.stop_requested.wait())
             await asyncio.wait({load, stop}, return_when=asyncio.FIRST_COMPLETED)
             if load.done():
-                load.result()
-                dataplane.loaded = True
+                failures = load.result()
                 log.info("\n%s", _model_table(models))
-                failures = models.failures()
                 self.notifier.notify("READY=1", "STATUS=serving" + (f"; {len(failures)} model version(s) "
                                                                     "unavailable" if failures else ""))
                 if failures and self.exit_on_error:
@@ -220,15 +215,14 @@ class Server:
             else:
                 load.cancel()
         finally:
-            dataplane.accepting = False
+            dataplane.accepting = False  # readiness drops at once, while the frontends drain
             self.notifier.notify("STOPPING=1", "STATUS=finishing requests in flight")
             if poller is not None:
                 poller.cancel()
             deadline = time.monotonic() + self.exit_timeout
             if not await self._drain_frontends(deadline):
                 deadline = time.monotonic()  # a second signal: stop workers now, still cleaning up
-            await models.stop(deadline)
-            json_offload.shutdown()
+            await core.shutdown(deadline)
             self.tracer.flush()
             watchdog.cancel()
             self.notifier.close()

@@ -6,38 +6,28 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 import threading
 import time
 from collections.abc import Callable
 
 from ..core import InferRequest, InferResponse
-from ..dataplane import Dataplane
 from ..errors import ServerError, Status
-from ..frontends import json_offload
-from ..ipc import arena
 from ..observability.log_settings import LogSettings
-from ..repository.model_manager import ModelManager, ServerOptions
+from ..repository.model_manager import ServerOptions
 from ..scheduling.response_cache import ResponseCache
+from ..server_core import ServerCore
 
-log = logging.getLogger("tritonmp.inprocess")
 
+class Engine(ServerCore):
+    """The server's core on an event loop in a thread of its own, for callers in other threads."""
 
-class Engine:
     def __init__(self, options: ServerOptions, *, model_control: str, strict_readiness: bool,
                  cache: ResponseCache | None, server_id: str, log_settings: LogSettings):
-        self.options = options
+        super().__init__(options, model_control=model_control, strict_readiness=strict_readiness, cache=cache,
+                         server_id=server_id, log_settings=log_settings)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run_loop, name="tritonmp-engine", daemon=True)
-        self.models: ModelManager | None = None
-        self.dataplane: Dataplane | None = None
-        self._model_control = model_control
-        self._strict_readiness = strict_readiness
-        self._cache = cache
-        self._server_id = server_id
-        self._log_settings = log_settings
         self.stopped = False
-        self.fingerprints: dict = {}  # the repositories as the last poll saw them
         self.sampler = None  # the CPU/GPU figures of metrics(), made on first use
 
     def _run_loop(self) -> None:
@@ -46,24 +36,7 @@ class Engine:
 
     def start(self) -> None:
         self.thread.start()
-        self.call(self._build())
-
-    async def _build(self) -> None:
-        arena.remove_orphans()
-        self.models = ModelManager(self.options)
-        dp = Dataplane(self.models, self._strict_readiness, False, self._model_control, self._log_settings,
-                       cache=self._cache)
-        dp.server_id = self._server_id
-        self.dataplane = dp.serve_models()
-
-    async def load_startup(self, names: list[str] | None) -> list[str]:
-        await self.models.load_all(names)
-        self.dataplane.loaded = True
-        self.fingerprints = self.models.fingerprints()
-        return self.models.failures()
-
-    async def poll(self) -> None:
-        self.fingerprints = await self.models.poll_once(self.fingerprints)
+        self.call(self.build())
 
     def call(self, coro, timeout: float | None = None):
         """Run a coroutine on the engine's loop and wait for its result."""
@@ -102,15 +75,9 @@ class Engine:
         self.stopped = True
         try:
             if self.models is not None:
-                self.call(self._stop(time.monotonic() + timeout))
+                self.call(self.shutdown(time.monotonic() + timeout))
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout + 5)
             if not self.thread.is_alive():
                 self.loop.close()
-
-    async def _stop(self, deadline: float) -> None:
-        self.dataplane.accepting = False
-        await self.models.stop(deadline)
-        json_offload.shutdown()
-

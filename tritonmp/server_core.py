@@ -1,0 +1,58 @@
+"""The server's core, whatever serves it: the model manager and the dataplane, built, loaded,
+polled and stopped in one way for the `tritonmp` command (tritonmp/server.py) and for the
+in-process API (tritonmp/tritonserver)."""
+
+from __future__ import annotations
+
+import logging
+
+from .dataplane import Dataplane
+from .frontends import json_offload
+from .ipc import arena
+from .observability.log_settings import LogSettings
+from .observability.tracing import Tracer
+from .repository.model_manager import ModelManager, ServerOptions
+from .scheduling.response_cache import ResponseCache
+
+log = logging.getLogger("tritonmp.server")
+
+
+class ServerCore:
+    def __init__(self, options: ServerOptions, *, model_control: str = "none", strict_readiness: bool = True,
+                 allow_client_shm: bool = False, log_settings: LogSettings | None = None,
+                 tracer: Tracer | None = None, cache: ResponseCache | None = None, server_id: str = "triton"):
+        self.options = options
+        self.model_control = model_control
+        self._dataplane_args = (strict_readiness, allow_client_shm, model_control, log_settings, tracer, cache)
+        self.server_id = server_id
+        self.models: ModelManager | None = None
+        self.dataplane: Dataplane | None = None
+        self.fingerprints: dict = {}  # the repositories as the last poll saw them
+
+    async def build(self) -> None:
+        """The model manager and the dataplane (on the loop that will serve them), after removing the
+        shared memory a server that died left behind."""
+        removed = arena.remove_orphans()
+        if removed:
+            log.warning("removed %d shared-memory segments left by a server that is gone", len(removed))
+        self.models = ModelManager(self.options)
+        self.dataplane = Dataplane(self.models, *self._dataplane_args)
+        self.dataplane.server_id = self.server_id
+        self.dataplane.serve_models()
+
+    async def load_startup(self, names: list[str] | None) -> list[str]:
+        """Load every model of the repositories (or the named ones); the failures, one line each."""
+        await self.models.load_all(names)
+        self.dataplane.loaded = True
+        self.fingerprints = self.models.fingerprints()
+        return self.models.failures()
+
+    async def poll(self) -> None:
+        """Load, reload and unload what changed in the repositories since the last look."""
+        self.fingerprints = await self.models.poll_once(self.fingerprints)
+
+    async def shutdown(self, deadline: float) -> None:
+        """Stop taking requests and stop the models by `deadline` (their shared memory goes too)."""
+        self.dataplane.accepting = False
+        await self.models.stop(deadline)
+        json_offload.shutdown()
