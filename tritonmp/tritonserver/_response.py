@@ -55,12 +55,12 @@ class _Responses:
         return InferenceResponse(self.model, item.id or self.request_id, dict(item.parameters), outputs, final=final)
 
 
-class ResponseIterator:
-    """A request's responses for a thread: iterate until the final one. Abandoning the iterator (or
-    `cancel()`) cancels the request; the model sees is_cancelled()."""
+class _Iterator:
+    """What both iterators share: the request started on the engine, responses converted as they
+    come and handed to `_hand_over` (on the engine's loop), cancellation, and the raise_on_error
+    rule applied to each response taken."""
 
-    def __init__(self, model: Model, request, raise_on_error: bool, user_queue=None):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+    def __init__(self, model: Model, request, raise_on_error: bool, user_queue):
         self._user_queue = user_queue
         self._raise = raise_on_error
         self._complete = False
@@ -69,19 +69,10 @@ class ResponseIterator:
 
     def _deliver(self, item) -> None:  # on the engine's loop
         response = self._convert.convert(item)
-        if response is None:
-            return
-        self._queue.put(response)
-        if self._user_queue is not None:
-            self._user_queue.put(response)
+        if response is not None:
+            self._hand_over(response)
 
-    def __iter__(self) -> ResponseIterator:
-        return self
-
-    def __next__(self) -> InferenceResponse:
-        if self._complete:
-            raise StopIteration
-        response = self._queue.get()
+    def _took(self, response: InferenceResponse) -> InferenceResponse:
         self._complete = response.final
         if response.error is not None and self._raise:
             raise response.error
@@ -95,22 +86,38 @@ class ResponseIterator:
             self._future.cancel()
 
 
-class AsyncResponseIterator:
+class ResponseIterator(_Iterator):
+    """A request's responses for a thread: iterate until the final one. Abandoning the iterator (or
+    `cancel()`) cancels the request; the model sees is_cancelled()."""
+
+    def __init__(self, model: Model, request, raise_on_error: bool, user_queue=None):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        super().__init__(model, request, raise_on_error, user_queue)
+
+    def _hand_over(self, response: InferenceResponse) -> None:
+        self._queue.put(response)
+        if self._user_queue is not None:
+            self._user_queue.put(response)
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._complete:
+            raise StopIteration
+        return self._took(self._queue.get())
+
+
+class AsyncResponseIterator(_Iterator):
     """A request's responses for asyncio: `async for` until the final one; `cancel()` cancels it."""
 
     def __init__(self, model: Model, request, raise_on_error: bool, user_queue: asyncio.Queue | None = None):
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
-        self._user_queue = user_queue
-        self._raise = raise_on_error
-        self._complete = False
-        self._convert = _Responses(model, request.request_id or "")
-        self._future = model._server._engine.submit(request._core_request(), self._deliver)
+        super().__init__(model, request, raise_on_error, user_queue)
 
-    def _deliver(self, item) -> None:  # on the engine's loop: hand over to the caller's
-        response = self._convert.convert(item)
-        if response is not None:
-            self._loop.call_soon_threadsafe(self._put, response)
+    def _hand_over(self, response: InferenceResponse) -> None:  # to the caller's loop
+        self._loop.call_soon_threadsafe(self._put, response)
 
     def _put(self, response: InferenceResponse) -> None:
         self._queue.put_nowait(response)
@@ -123,16 +130,4 @@ class AsyncResponseIterator:
     async def __anext__(self) -> InferenceResponse:
         if self._complete:
             raise StopAsyncIteration
-        response = await self._queue.get()
-        self._complete = response.final
-        if response.error is not None and self._raise:
-            raise response.error
-        return response
-
-    def cancel(self) -> None:
-        self._future.cancel()
-
-    def __del__(self):
-        if not getattr(self, "_complete", True) and not self._future.done():
-            self._future.cancel()
-
+        return self._took(await self._queue.get())

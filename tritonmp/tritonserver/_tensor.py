@@ -154,10 +154,6 @@ class Tensor:
             raise InvalidArgumentError(f"Unsupported numpy type {array.dtype}") from None
         return Tensor(DataType[name], list(array.shape), array)
 
-    @property
-    def _wire_type(self) -> str:
-        return self.data_type.name
-
 
 def _has_text(values) -> bool:
     stack = [values]

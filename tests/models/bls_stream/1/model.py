@@ -1,7 +1,8 @@
 """Decoupled BLS: calls a decoupled model with exec(decoupled=True) and returns what its response
 iterator gave: every I, the number of empty responses, the errors. MODE "exec" calls `ticker` with N;
 "async" makes two async_exec(decoupled=True) calls at once (N and N + 1) and returns both sets of I;
-"cancel" cancels the call after two responses and reads the iterator to its end; "plain" calls the
+"cancel" cancels the call after two responses (N = -2: ticker then waits to be cancelled) and reads
+the iterator to its end; "plain" calls the
 non-decoupled add_py with decoupled=True (one response, final)."""
 
 import asyncio

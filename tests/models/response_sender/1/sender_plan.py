@@ -10,6 +10,9 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+# The responses "after return" must leave once the server has taken execute's return, which no model
+# can observe: like Triton's own test model, the model's thread waits this long first. (The tests
+# themselves wait on conditions: stop_stream returns when every request has had its final flag.)
 AFTER_RETURN_DELAY_S = 0.3
 
 
