@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_targets import Server, median_us  # noqa: E402
+from bench_targets import Server, identity_repo, median_us, shm_round_trip_us  # noqa: E402
 
 from make_example_repo import binary_op_model, write  # noqa: E402
 
@@ -91,20 +91,10 @@ def small(repo: str) -> None:
 
 
 def large(tmp: str) -> None:
-    import tritonclient.http as httpclient
-    import tritonclient.utils.shared_memory as shm
-    from onnx import TensorProto, helper
-
     from tritonmp import tritonserver
 
     n = 16 * 1024 * 1024  # 64 MiB of FP32
-    graph = helper.make_graph([helper.make_node("Identity", ["X"], ["Y"])], "identity",
-                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, [n])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [n])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    repo = os.path.join(tmp, "big")
-    write(model, os.path.join(repo, "big", "1", "model.onnx"))
+    repo = identity_repo(tmp, n)
     src = np.random.default_rng(0).random(n, dtype=np.float32)
     dst = np.empty_like(src)
     memcpy = median_us(lambda: np.copyto(dst, src), 20)
@@ -117,26 +107,9 @@ def large(tmp: str) -> None:
 
         assert np.array_equal(call(), src)
         inprocess = median_us(call, 20)
-    server = Server(repo, "--allow-client-shm=true")
-    key_in, key_out = f"/bench-in-{os.getpid()}", f"/bench-out-{os.getpid()}"
-    h_in = shm.create_shared_memory_region("in", key_in, src.nbytes)
-    h_out = shm.create_shared_memory_region("out", key_out, src.nbytes)
-    try:
-        shm.set_shared_memory_region(h_in, [src])
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http}", network_timeout=120)
-        client.register_system_shared_memory("in", key_in, src.nbytes)
-        client.register_system_shared_memory("out", key_out, src.nbytes)
-        x = httpclient.InferInput("X", [n], "FP32")
-        x.set_shared_memory("in", src.nbytes)
-        y = httpclient.InferRequestedOutput("Y")
-        y.set_shared_memory("out", src.nbytes)
-        shm_ms = median_us(lambda: client.infer("big", [x], outputs=[y]), 20)
-    finally:
-        server.stop()
-        shm.destroy_shared_memory_region(h_in)
-        shm.destroy_shared_memory_region(h_out)
+    shm_us = shm_round_trip_us(repo, src)
     print(f"64 MiB in and out: in-process median {inprocess / 1000:.1f} ms, client shared memory "
-          f"{shm_ms / 1000:.1f} ms, bare 64 MiB memcpy {memcpy / 1000:.1f} ms (in-process / memcpy "
+          f"{shm_us / 1000:.1f} ms, bare 64 MiB memcpy {memcpy / 1000:.1f} ms (in-process / memcpy "
           f"{inprocess / memcpy:.2f})")
 
 

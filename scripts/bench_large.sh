@@ -13,25 +13,12 @@
 # Environment: ROUNDS (3), SIZES_MIB ("4 64"), CONCURRENCY ("1 4"), PATHS ("grpc http shm"),
 # INTERVAL_MS (4000), STABILITY (30), TRITONMP_ARGS.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-anchors_dir=${ANCHORS_DIR:-$HOME/.cache/tritonmp-anchors}
-setup=${ANCHORS_SETUP:-$root/../shared/anchors/setup.sh}
+source "$(dirname "$0")/bench_common.sh"
 rounds=${ROUNDS:-3}
 sizes=${SIZES_MIB:-"4 64"}
 concurrency=${CONCURRENCY:-"1 4"}
 paths=${PATHS:-"grpc http shm"}
 interval=${INTERVAL_MS:-4000}
-py=${PYTHON:-$root/.venv/bin/python}
-
-bash "$setup" "$anchors_dir" >/dev/null
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
 mkdir -p "$work/repo/add_large/1"
 cat >"$work/repo/add_large/config.pbtxt" <<'EOF'
 name: "add_large"
@@ -56,19 +43,6 @@ class TritonPythonModel:
         return out
 EOF
 
-read -r mp_http mp_grpc mp_metrics ref_http ref_grpc ref_metrics < <("$py" -c '
-import socket
-ss = [socket.socket() for _ in range(6)]
-for s in ss:
-    s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in ss])')
-wait_ready() {
-  for _ in $(seq 600); do
-    curl -sf "localhost:$1/v2/health/ready" >/dev/null && return 0
-    sleep 0.1
-  done
-  echo "server on port $1 did not become ready; its log:" >&2; cat "$2" >&2; exit 1
-}
 
 "$py" -m tritonmp --model-repository "$work/repo" --http-port "$mp_http" --grpc-port "$mp_grpc" \
   --metrics-port "$mp_metrics" --allow-client-shm=true --grpc-max-input-size $((512 << 20)) \

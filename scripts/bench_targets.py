@@ -165,22 +165,26 @@ def tensorflow_overhead(tmp: str) -> None:
     overhead("tensorflow", repo, "add_tf", float(out.stdout.strip().splitlines()[-1]))
 
 
-def shm_64mib(tmp: str) -> None:
-    import tritonclient.http as httpclient
-    import tritonclient.utils.shared_memory as shm
+def identity_repo(tmp: str, n: int) -> str:
+    """A repository with `big`, an ONNX identity model over FP32 [n]."""
     from onnx import TensorProto, helper
 
-    n = 16 * 1024 * 1024  # 64 MiB of FP32
     graph = helper.make_graph([helper.make_node("Identity", ["X"], ["Y"])], "identity",
                               [helper.make_tensor_value_info("X", TensorProto.FLOAT, [n])],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [n])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    repo = os.path.join(tmp, "shm")
+    repo = os.path.join(tmp, "big")
     write(model, os.path.join(repo, "big", "1", "model.onnx"))
-    src = np.random.default_rng(0).random(n, dtype=np.float32)
-    dst = np.empty_like(src)
-    memcpy = median_us(lambda: np.copyto(dst, src), 20)
+    return repo
+
+
+def shm_round_trip_us(repo: str, src: np.ndarray) -> float:
+    """Median microseconds of `big` on `src` with its input and output in client system shared memory."""
+    import tritonclient.http as httpclient
+    import tritonclient.utils.shared_memory as shm
+
+    n = src.size
     server = Server(repo, "--allow-client-shm=true")
     key_in, key_out = f"/bench-in-{os.getpid()}", f"/bench-out-{os.getpid()}"
     h_in = shm.create_shared_memory_region("in", key_in, src.nbytes)
@@ -196,13 +200,23 @@ def shm_64mib(tmp: str) -> None:
         y.set_shared_memory("out", src.nbytes)
         took = median_us(lambda: client.infer("big", [x], outputs=[y]), 20)
         assert np.array_equal(shm.get_contents_as_numpy(h_out, np.float32, [n]), src)
-        print(f"64 MiB through client shm (input and output): median {took / 1000:.1f} ms; bare 64 MiB memcpy "
-              f"{memcpy / 1000:.1f} ms; ratio {took / memcpy:.2f} (target <= 2; onnxruntime writes the output "
-              f"straight into the client region)")
+        return took
     finally:
         server.stop()
         shm.destroy_shared_memory_region(h_in)
         shm.destroy_shared_memory_region(h_out)
+
+
+def shm_64mib(tmp: str) -> None:
+    n = 16 * 1024 * 1024  # 64 MiB of FP32
+    repo = identity_repo(tmp, n)
+    src = np.random.default_rng(0).random(n, dtype=np.float32)
+    dst = np.empty_like(src)
+    memcpy = median_us(lambda: np.copyto(dst, src), 20)
+    took = shm_round_trip_us(repo, src)
+    print(f"64 MiB through client shm (input and output): median {took / 1000:.1f} ms; bare 64 MiB memcpy "
+          f"{memcpy / 1000:.1f} ms; ratio {took / memcpy:.2f} (target <= 2; onnxruntime writes the output "
+          f"straight into the client region)")
 
 
 def cold_start(tmp: str) -> None:
