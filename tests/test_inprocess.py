@@ -283,3 +283,39 @@ def test_a_server_dropped_without_stop_stops_its_workers(example_repo):
     gc.collect()
     wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"
                              for pid in workers), 30, "the dropped server's workers to exit")
+
+
+def test_options_without_a_counterpart_are_refused_not_ignored(server):
+    repo = str(EXAMPLE_REPO)
+    refusals = [dict(rate_limiter_mode=tritonserver.RateLimitMode.EXEC_COUNT),
+                dict(cache_config={"redis": {"host": "x"}}),
+                dict(backend_configuration={"onnxruntime": {"enable-global-threadpool": "1"}}),
+                dict(pinned_memory_pool_size=0)]
+    for options in refusals:
+        with pytest.raises(tritonserver.UnsupportedError):
+            tritonserver.Server(model_repository=repo, **options).start()
+    with pytest.raises(tritonserver.UnsupportedError, match="CPU memory"):
+        list(server.model("add").infer(inputs={"A": ONES, "B": ONES}, output_memory_type="gpu"))
+    with pytest.raises(tritonserver.InvalidArgumentError, match="output memory type"):
+        list(server.model("add").infer(inputs={"A": ONES, "B": ONES}, output_memory_type="disk"))
+    with pytest.raises(tritonserver.InvalidArgumentError, match="asyncio.Queue"):
+        server.model("add").infer(inputs={"A": ONES, "B": ONES}, response_queue=asyncio.Queue())
+
+
+def test_frontend_options_they_cannot_honour_are_refused(server):
+    unsupported = [(tritonfrontend.KServeHttp, tritonfrontend.KServeHttp.Options(header_forward_pattern="x-.*")),
+                   (tritonfrontend.KServeGrpc, tritonfrontend.KServeGrpc.Options(reuse_port=True)),
+                   (tritonfrontend.KServeGrpc, tritonfrontend.KServeGrpc.Options(infer_compression_level=2))]
+    for service, options in unsupported:
+        with pytest.raises(tritonserver.UnsupportedError):
+            service(server, options)
+    invalid = [(tritonfrontend.KServeHttp, tritonfrontend.KServeHttp.Options(port=70000)),
+               (tritonfrontend.KServeHttp, tritonfrontend.KServeHttp.Options(thread_count=0)),
+               (tritonfrontend.KServeGrpc, tritonfrontend.KServeGrpc.Options(use_ssl=True)),
+               (tritonfrontend.Metrics, tritonfrontend.Metrics.Options(thread_count=0))]
+    for service, options in invalid:
+        with pytest.raises(tritonserver.InvalidArgumentError):
+            service(server, options)
+    with pytest.raises(tritonserver.UnavailableError, match="not started"):
+        unstarted = tritonserver.Server()
+        tritonfrontend.KServeHttp(unstarted, tritonfrontend.KServeHttp.Options(port=free_ports(1)[0])).start()
