@@ -243,6 +243,7 @@ server = tritonserver.Server(model_repository=sys.argv[1]).start(wait_until_read
 list(server.model("add_py").infer(inputs={"A": np.ones((1, 3), np.float32), "B": np.ones((1, 3), np.float32)}))
 print("READY", flush=True)
 if sys.argv[2] == "exit":
+    sys.stdin.readline()  # the test has seen the workers
     sys.exit(0)  # without stop()
 signal.pause()  # until the test's SIGTERM
 """
@@ -255,13 +256,15 @@ def test_nothing_is_left_behind_however_the_program_ends(tmp_path, how):
     (repo / "add_py").symlink_to(EXAMPLE_REPO / "add_py")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(PROGRAM), str(repo), how], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+                            stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
     try:
         assert proc.stdout.readline().strip() == b"READY"
         workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
         assert workers, "the program should have a worker process"
         if how == "SIGTERM":
             proc.send_signal(signal.SIGTERM)
+        else:
+            proc.stdin.close()
         proc.wait(60)
         wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in workers), 30, "the workers to exit")
         assert not shm_segments(proc.pid)

@@ -504,13 +504,21 @@ def version_is_wanted(config: mc.ModelConfig, available: list[int]) -> list[int]
     return list(available[-n:])
 
 
+def _is_repeated(field: FieldDescriptor) -> bool:
+    """Whether a field is a list; protobuf 6 deprecates `label` in favour of `is_repeated`."""
+    is_repeated = getattr(field, "is_repeated", None)
+    if is_repeated is not None:
+        return bool(is_repeated)
+    return field.label == FieldDescriptor.LABEL_REPEATED
+
+
 def to_json(message) -> dict:
     """A protobuf message as Triton prints it: every scalar and list, 64-bit integers as numbers,
     enums by name, message fields only when set."""
     out = {}
     for field in message.DESCRIPTOR.fields:
         is_map = field.message_type is not None and field.message_type.GetOptions().map_entry
-        repeated = field.label == FieldDescriptor.LABEL_REPEATED
+        repeated = _is_repeated(field)
         value = getattr(message, field.name)
         if is_map:
             value_field = field.message_type.fields_by_name["value"]

@@ -82,8 +82,9 @@ class _Iterator:
         self._future.cancel()
 
     def __del__(self):
-        if not getattr(self, "_complete", True) and not self._future.done():
-            self._future.cancel()
+        future = getattr(self, "_future", None)  # absent when __init__ raised
+        if future is not None and not getattr(self, "_complete", True) and not future.done():
+            future.cancel()
 
 
 class ResponseIterator(_Iterator):
