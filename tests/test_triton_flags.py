@@ -149,3 +149,41 @@ def test_grpc_ping_strikes_end_a_connection_that_pings_too_often_without_calls(s
     goaway = data[data.index(b"too_many_pings") - 17:]  # its frame header, last stream id and error code
     assert goaway[3] == 7 and goaway[13:17] == struct.pack(">I", 0xB)  # GOAWAY ENHANCE_YOUR_CALM
     assert grpcclient.InferenceServerClient(server.grpc_url).is_server_live()  # others keep being served
+
+
+def test_grpc_pings_after_each_answer_are_not_strikes(start_server, tmp_path):
+    """grpc clients PING to measure the bandwidth after a response's data arrives, often once the call
+    has ended: an answer sent since the last PING forgives the strikes, as in grpc's own servers."""
+    import hpack
+
+    server = start_server([_repo(tmp_path)], "--grpc-http2-min-recv-ping-interval-without-data=60000",
+                          "--grpc-http2-max-ping-strikes=1")
+    encoder = hpack.Encoder()
+    with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=10) as s:
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0))
+        buf, acks, ended = b"", 0, set()
+
+        def read_until(done):
+            nonlocal buf, acks
+            while not done():
+                chunk = s.recv(65536)
+                assert chunk, "the server closed a connection whose PINGs each followed an answer"
+                buf += chunk
+                while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                    n = int.from_bytes(buf[:3], "big")
+                    kind, flags, stream = buf[3], buf[4], int.from_bytes(buf[5:9], "big")
+                    assert kind != 7, f"GOAWAY: {buf[9:9 + n]!r}"
+                    acks += kind == 6 and flags & 1
+                    if kind == 1 and flags & 1:  # trailers: the call has ended
+                        ended.add(stream)
+                    buf = buf[9 + n:]
+
+        for call in range(6):
+            sid = 2 * call + 1
+            headers = encoder.encode([(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                                      (":path", "/inference.GRPCInferenceService/ServerLive"),
+                                      ("content-type", "application/grpc"), ("te", "trailers")])
+            s.sendall(_frame(1, 4, sid, headers) + _frame(0, 1, sid, b"\0\0\0\0\0"))
+            read_until(lambda sid=sid: sid in ended)
+            s.sendall(_frame(6, 0, 0, b"bdp-ping"))  # after the call has ended: no call open
+        read_until(lambda: acks == 6)

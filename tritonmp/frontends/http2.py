@@ -388,7 +388,9 @@ class Connection(asyncio.Protocol):
     def _ping_policy(self) -> None:
         """gRPC's policy for client PINGs: with calls open any number is fine; without, one sooner
         than min_ping_interval after the last is a strike, and past max_ping_strikes the connection
-        ends with GOAWAY ENHANCE_YOUR_CALM "too_many_pings", as grpc's own servers do."""
+        ends with GOAWAY ENHANCE_YOUR_CALM "too_many_pings", as grpc's own servers do. Sending
+        headers or data forgives the strikes (`_answered`), as in grpc's servers: clients measure
+        the bandwidth with a PING after the data of a response, often once its call has ended."""
         now = asyncio.get_running_loop().time()
         if self.streams:
             self.ping_strikes = 0
@@ -400,6 +402,10 @@ class Connection(asyncio.Protocol):
                 return
         if not self.streams:
             self.last_ping = now
+
+    def _answered(self) -> None:
+        self.ping_strikes = 0
+        self.last_ping = float("-inf")
 
     def _strip_padding(self, flags: int, payload: bytes) -> bytes:
         if flags & FLAG_PADDED:
@@ -593,6 +599,7 @@ class Connection(asyncio.Protocol):
         """Headers (or trailers, with end_stream) for an open stream; never blocks."""
         if not self.is_open(stream):
             return
+        self._answered()
         self._write(self._header_frames(stream.id, block, end_stream))
         if end_stream:
             self._finish(stream)
@@ -607,6 +614,7 @@ class Connection(asyncio.Protocol):
             return True
         self.send_window -= n
         stream.send_window -= n
+        self._answered()
         sid = stream.id
         self._write(self._header_frames(sid, headers, False) + frame(DATA, 0, sid, data)
                              + self._header_frames(sid, trailers, True))
@@ -634,6 +642,7 @@ class Connection(asyncio.Protocol):
                 continue
             self.send_window -= n
             stream.send_window -= n
+            self._answered()
             self._flush()  # what is pending goes first; large data is not held back
             self.transport.writelines((_HEAD.pack(n << 8 | DATA, 0, stream.id), view[:n]))
             view = view[n:]
