@@ -13,6 +13,7 @@ class WorkTensor:
     datatype: str
     array: np.ndarray
     in_place: bool = False  # already written into its output buffer
+    arena_offset: int = -1  # already written into the batch's output arena, at this offset
 
 
 @dataclass
@@ -30,6 +31,9 @@ class WorkRequest:
     # outputs the client wants in its CUDA shared memory, for backends that compute on the GPU
     # (writes_device_outputs): name -> (device address, bytes there)
     device_outputs: dict = field(default_factory=dict)
+    # room in the batch's output arena, for a backend that can write an output there itself:
+    # arena_alloc(nbytes) -> (writable view, offset), or None when the arena is full
+    arena_alloc: object = None
 
 
 @dataclass

@@ -28,7 +28,10 @@ class Inbox:
 
     def _run(self) -> None:
         while True:
-            message = self.reader.read()
+            try:
+                message = self.reader.read()
+            except OSError:  # the socket was closed under us: the worker is exiting
+                message = None
             if message is None:
                 break
             kind, header, frames = transport.unpack(message)

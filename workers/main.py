@@ -20,6 +20,7 @@ import traceback
 from collections import deque
 
 import numpy as np
+import posix_ipc
 
 from tritonmp import datatypes
 from tritonmp.ipc import transport
@@ -74,6 +75,7 @@ class Worker:
         self.send_lock = threading.Lock()
         self.in_arena = Arena(spec.in_arena, 0, create=False)
         self.out_arena = Arena(spec.out_arena, 0, create=False)
+        self.out_arenas = {spec.out_arena: self.out_arena}  # the frontend adds more while it lends some out
         self.backend = None
         self.client_regions = ClientRegions()
         self.cuda_regions = CudaRegions(spec.device_id, spec.kind, spec.instance_name)
@@ -261,6 +263,9 @@ class Worker:
         buf = datatypes.to_buffer(t.datatype, array)
         nbytes = len(buf) if isinstance(buf, bytes) else buf.nbytes
         ref = transport.TensorRef(t.name, t.datatype, list(array.shape), nbytes=nbytes)
+        if t.arena_offset >= 0 and shm_dest is None:
+            ref.offset = t.arena_offset  # the backend wrote it there
+            return ref
         if shm_dest is not None:
             if nbytes > shm_dest.nbytes:
                 raise OutputError(f"shared memory size specified with the request for output '{t.name}' "
@@ -286,8 +291,32 @@ class Worker:
         frames.append(buf)
         return ref
 
+    def use_out_arena(self, name: str) -> None:
+        """Map the batch's output arena (first, while the frontend still has its name linked)."""
+        if name and name != self.out_arena.name:
+            arena = self.out_arenas.get(name)
+            if arena is None:
+                arena = self.out_arenas[name] = Arena(name, 0, create=False)
+            self.out_arena = arena
+            if self.spec.backend == "python":
+                from . import pb_utils
+
+                pb_utils.SharedMemory._arena = arena
+
+    def arena_alloc(self, nbytes: int) -> tuple[memoryview, int] | None:
+        """Room for an output the backend writes into the batch's output arena itself."""
+        if nbytes < transport.INLINE_LIMIT:
+            return None
+        offset = self.out_arena.alloc(nbytes)
+        return None if offset is None else (self.out_arena.view[offset:offset + nbytes], offset)
+
     def run_batch(self, header: transport.Execute, frames) -> None:
         t0 = time.perf_counter_ns()
+        try:
+            self.use_out_arena(header.out_arena)
+        except (OSError, ValueError, posix_ipc.Error) as e:
+            self.send(transport.RESULT, transport.Result(header.batch_id, [], error=f"cannot map an output arena: {e}"))
+            return
         try:
             requests = [
                 WorkRequest(r.id, [self.decode_tensor(ref, frames) for ref in r.inputs], r.outputs,
@@ -316,6 +345,10 @@ class Worker:
             for index, request in enumerate(requests):
                 request.sender = self.stream_sender(header.batch_id, index)
                 request.cancelled = self.inbox.cancel_flag(header.batch_id, index)
+        self.out_arena.reset()
+        if getattr(self.backend, "writes_arena_outputs", False):
+            for request in requests:
+                request.arena_alloc = self.arena_alloc
         t1 = time.perf_counter_ns()
         try:
             responses = self.backend.execute(requests)
@@ -326,7 +359,6 @@ class Worker:
             responses, batch_error = [], f"{type(e).__name__}: {e}"
         t2 = time.perf_counter_ns()
         out_frames: list = []
-        self.out_arena.reset()
         headers = []
         if uses_senders:  # requests that have ended: a late cancellation has nothing to reach
             for index in range(len(requests)):

@@ -116,8 +116,12 @@ def execution_providers(config: dict, kind: str, available: list[str]) -> list:
 
 
 class OnnxRuntimeBackend:
+    writes_arena_outputs = True  # outputs of known shapes go straight into the batch's output arena
+
     def __init__(self, spec: WorkerSpec, config: dict):
         import onnxruntime as ort
+
+        self.batches = int(config.get("max_batch_size", 0) or 0) > 0  # the first dimension is the batch
 
         path = os.path.join(spec.model_dir, str(spec.model_version), config["default_model_filename"])
         options = ort.SessionOptions()
@@ -163,8 +167,13 @@ class OnnxRuntimeBackend:
                                  dtype=np.object_).reshape(array.shape)
             feeds[t.name] = array
         names = request.outputs or self.output_names
-        if request.output_buffers:
-            placed = self._run_in_place(names, feeds, request.output_buffers)
+        if request.output_buffers or request.arena_alloc is not None:
+            try:
+                placed = self._run_in_place(names, feeds, request.output_buffers, request.arena_alloc)
+            except BackendError:
+                if request.output_buffers:
+                    raise
+                placed = None  # an output's shape was not what its declaration implied: run it plainly
             if placed is not None:
                 return [WorkResponse(outputs=placed)]
         try:
@@ -180,9 +189,10 @@ class OnnxRuntimeBackend:
             outputs.append(WorkTensor(name, datatype or _numpy_name(value), value))
         return [WorkResponse(outputs=outputs)]
 
-    def _run_in_place(self, names: list[str], feeds: dict, buffers: dict) -> list[WorkTensor] | None:
-        """Run with onnxruntime writing outputs straight into the client's shared memory where their
-        shapes are known before the run; None when that is not possible here."""
+    def _run_in_place(self, names: list[str], feeds: dict, buffers: dict, arena_alloc) -> list[WorkTensor] | None:
+        """Run with onnxruntime writing outputs straight into the client's shared memory, or else into
+        the batch's output arena, where their shapes are known before the run; None when that is not
+        possible here."""
         batch = next((a.shape[0] for a in feeds.values() if getattr(a, "ndim", 0)), None)
         binding = self.session.io_binding()
         for name, array in feeds.items():
@@ -195,17 +205,25 @@ class OnnxRuntimeBackend:
             buffer = buffers.get(name)
             dtype = _NUMPY_OF_ORT.get(meta.type)
             shape = [d if isinstance(d, int) else None for d in (meta.shape or [])]
-            if shape and shape[0] is None and batch is not None:
+            if shape and shape[0] is None and batch is not None and self.batches:
                 shape[0] = batch
-            if buffer is None or dtype is None or None in shape:
+            if dtype is None or None in shape:
                 binding.bind_output(name, "cpu")
                 continue
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            if nbytes > buffer.nbytes:
+            count = int(np.prod(shape, dtype=np.int64))
+            nbytes = count * dtype.itemsize
+            offset = -1
+            if buffer is None:
+                room = arena_alloc(nbytes) if arena_alloc is not None else None
+                if room is None:
+                    binding.bind_output(name, "cpu")
+                    continue
+                buffer, offset = room
+            elif nbytes > buffer.nbytes:
                 return None  # the frontend's size check reports it, on the ordinary path
-            target = np.frombuffer(buffer, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+            target = np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
             binding.bind_output(name, "cpu", 0, dtype, shape, target.ctypes.data)
-            targets[name] = target
+            targets[name] = (target, offset)
         if not targets:
             return None
         try:
@@ -215,7 +233,8 @@ class OnnxRuntimeBackend:
         outputs = []
         for name, value in zip(names, binding.get_outputs()):
             if name in targets:
-                outputs.append(WorkTensor(name, _numpy_name(targets[name]), targets[name], in_place=True))
+                target, offset = targets[name]
+                outputs.append(WorkTensor(name, _numpy_name(target), target, in_place=offset < 0, arena_offset=offset))
             else:
                 array = value.numpy()
                 outputs.append(WorkTensor(name, _numpy_name(array), array))

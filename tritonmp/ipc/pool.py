@@ -28,6 +28,7 @@ from ..scheduling import batching
 from . import transport
 from .arena import Arena, segment_name
 from .channel import Channel
+from .output_arenas import OutputArenas
 
 log = logging.getLogger("tritonmp.pool")
 
@@ -69,7 +70,7 @@ class Instance:
         self.proc: asyncio.subprocess.Process | None = None
         self.channel: Channel | None = None
         self.in_arena: Arena | None = None
-        self.out_arena: Arena | None = None
+        self.outputs: OutputArenas | None = None
         self.ready: asyncio.Future | None = None
         self.batch: list[InferRequest] | None = None
         self.batch_id = 0
@@ -98,14 +99,15 @@ class Instance:
         uid = next(_uids)
         arena_bytes = pool.arena_bytes
         self.in_arena = Arena(segment_name(os.getpid(), f"{uid}-in"), arena_bytes, create=True)
-        self.out_arena = Arena(segment_name(os.getpid(), f"{uid}-out"), arena_bytes, create=True)
+        self.outputs = OutputArenas(
+            lambda k: Arena(segment_name(os.getpid(), f"{uid}-out{k or ''}"), arena_bytes, create=True))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         spec = transport.WorkerSpec(
             fd=theirs.fileno(), parent_pid=os.getpid(),
             model_name=pool.model_name, model_version=pool.version, model_dir=pool.model_dir,
             backend=pool.backend, config_json=pool.config_json, instance_name=self.spec.name,
             kind=self.spec.kind, device_id=self.spec.device_id, in_arena=self.in_arena.name,
-            out_arena=self.out_arena.name, arena_bytes=arena_bytes, log_verbose=pool.log_verbose)
+            out_arena=self.outputs.current.name, arena_bytes=arena_bytes, log_verbose=pool.log_verbose)
         env = dict(os.environ)
         env[transport.SPEC_ENV] = transport.encode_spec(spec)
         if self.spec.kind == "GPU":
@@ -143,7 +145,7 @@ class Instance:
             raise
         # Both sides have mapped the arenas: drop their names so that nothing can be left behind.
         self.in_arena.unlink()
-        self.out_arena.unlink()
+        self.outputs.mapped()
         try:
             await self._warmup()
         except LoadError:
@@ -182,10 +184,11 @@ class Instance:
         if self.channel is not None:
             self.channel.close()
             self.channel = None
-        for arena in (self.in_arena, self.out_arena):
-            if arena is not None:
-                arena.close()
-        self.in_arena = self.out_arena = None
+        if self.in_arena is not None:
+            self.in_arena.close()
+        if self.outputs is not None:
+            self.outputs.close()
+        self.in_arena = self.outputs = None
 
     async def _watch_exit(self, proc) -> None:
         code = await proc.wait()
@@ -459,7 +462,8 @@ class Instance:
                 self.streams[(self.batch_id, index)] = request
                 request.future.add_done_callback(
                     lambda future, key=(self.batch_id, index): future.cancelled() and self._cancel(key))
-        header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arena)
+        header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arena,
+                                         self.outputs.current.name)
         self.sent_ns = now
         self.encode_ns = time.monotonic_ns() - now
         self.channel.send(transport.EXECUTE, header, frames)
@@ -499,6 +503,7 @@ class Instance:
         batch, self.batch = self.batch, None
         if batch is None or result.batch_id != self.batch_id:
             return
+        self.outputs.mapped()  # the worker maps the batch's output arena before anything else
         pool = self.pool
         if pool.decoupled:  # the responses come as STREAM messages; this only ends the execution
             pool.stats.executed(sum(r.batch_size for r in batch), len(batch), self.encode_ns + result.input_ns,
@@ -515,7 +520,7 @@ class Instance:
             return
         stats = pool.stats if not self.warming else ModelStats("warmup", 0)  # warmup is not traffic
         started = time.monotonic_ns()
-        responses = batching.decode(result, batch, pool.merge, frames, self.out_arena, pool.output_types,
+        responses = batching.decode(result, batch, pool.merge, frames, self.outputs.reader(), pool.output_types,
                                     pool.model_name, str(pool.version))
         now = time.monotonic_ns()
         if not result.error:

@@ -17,7 +17,7 @@ import msgspec
 
 from . import buffers
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 # message types
 READY = b"R"  # worker -> frontend: loaded, with backend metadata
@@ -58,6 +58,7 @@ class RequestHeader(msgspec.Struct, array_like=True, omit_defaults=True):
 class Execute(msgspec.Struct, array_like=True):
     batch_id: int
     requests: list[RequestHeader]
+    out_arena: str = ""  # the arena for this batch's large outputs (the spec's out_arena when empty)
 
 
 class ResponseHeader(msgspec.Struct, array_like=True, omit_defaults=True):

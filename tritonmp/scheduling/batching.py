@@ -10,11 +10,12 @@ own tensors, and the worker hands execute() the list.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from .. import datatypes
 from ..core import InferRequest, InferResponse, Tensor
 from ..errors import ServerError, Status
-from ..ipc import buffers, transport
+from ..ipc import transport
 from ..ipc.arena import Arena
 from ..ipc.shm_registry import ShmRef
 
@@ -55,8 +56,10 @@ def _shm_outputs(request: InferRequest) -> list[transport.TensorRef]:
     return [_shm_ref(o.name, "", [], o.shm) for o in request.outputs if o.shm is not None]
 
 
-def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena) -> tuple[bytes, list]:
-    """The Execute header and tensor frames for `batch`; large inputs are written into `arena`."""
+def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena,
+           out_arena: str = "") -> tuple[bytes, list]:
+    """The Execute header and tensor frames for `batch`; large inputs are written into `arena`, and
+    the worker writes large outputs into the arena named `out_arena`."""
     arena.reset()
     frames: list = []
     if merge:
@@ -91,16 +94,17 @@ def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena) 
                 refs.append(ref)
             headers.append(transport.RequestHeader(r.id, refs, _requested(r), r.parameters,
                                                    shm_outputs=_shm_outputs(r)))
-    return transport.encode(transport.Execute(batch_id, headers)), frames
+    return transport.encode(transport.Execute(batch_id, headers, out_arena)), frames
 
 
-def _buffer(ref: transport.TensorRef, frames, arena: Arena):
+def _buffer(ref: transport.TensorRef, frames, read: Callable[[int, int], memoryview] | None):
     if ref.shm_key or ref.cuda_handle:
         return None  # the worker wrote it into the client's region
     if ref.frame >= 0:
         return frames[ref.frame]
-    # copy out of the arena: the worker reuses it for its next batch
-    return buffers.copy_of(arena.view[ref.offset:ref.offset + ref.nbytes])
+    if read is None:
+        raise ServerError(f"output '{ref.name}' came without its bytes", Status.INTERNAL)
+    return read(ref.offset, ref.nbytes)  # a view of the output arena, or a copy (OutputArenas.reader)
 
 
 def _split_bytes(buf: memoryview, counts: list[int]) -> list[memoryview]:
@@ -126,24 +130,26 @@ def _error(status: str, message: str) -> ServerError:
     return ServerError(message, Status[status] if status in Status.__members__ else Status.INTERNAL, from_model=True)
 
 
-def decode(result: transport.Result, batch: list[InferRequest], merge: bool, frames, arena: Arena,
-           output_types: dict[str, str], model: str, version: str) -> list[InferResponse | ServerError]:
-    """One response (or error) per request of the batch, in order."""
+def decode(result: transport.Result, batch: list[InferRequest], merge: bool, frames,
+           read: Callable[[int, int], memoryview], output_types: dict[str, str], model: str,
+           version: str) -> list[InferResponse | ServerError]:
+    """One response (or error) per request of the batch, in order; `read(offset, nbytes)` gives the
+    bytes of an output in the batch's output arena."""
     if result.error:
         err = ServerError(result.error, Status.INTERNAL)
         return [err] * len(batch)
     if merge:
-        return _decode_merged(result, batch, frames, arena, output_types, model, version)
+        return _decode_merged(result, batch, frames, read, output_types, model, version)
     if len(result.responses) != len(batch):
         err = ServerError(f"model '{model}' answered {len(result.responses)} of {len(batch)} requests",
                           Status.INTERNAL)
         return [err] * len(batch)
-    return [decode_one(header, request, frames, arena, output_types, model, version)
+    return [decode_one(header, request, frames, read, output_types, model, version)
             for request, header in zip(batch, result.responses)]
 
 
 def decode_one(header: transport.ResponseHeader | transport.StreamResponse, request: InferRequest, frames,
-               arena: Arena | None, output_types: dict[str, str], model: str,
+               read: Callable[[int, int], memoryview] | None, output_types: dict[str, str], model: str,
                version: str) -> InferResponse | ServerError:
     """One request's response (or error), from a batch's result or from a response sender's message."""
     if header.error:
@@ -155,7 +161,7 @@ def decode_one(header: transport.ResponseHeader | transport.StreamResponse, requ
             if ref.name not in output_types or (wanted is not None and ref.name not in wanted):
                 continue
             _check_output(ref, output_types, model)
-            tensors.append(Tensor(ref.name, ref.datatype, ref.shape, _buffer(ref, frames, arena)))
+            tensors.append(Tensor(ref.name, ref.datatype, ref.shape, _buffer(ref, frames, read)))
         response = InferResponse(model, version, request.id, tensors)
         if header.parameters:
             response.parameters = dict(header.parameters)
@@ -164,7 +170,7 @@ def decode_one(header: transport.ResponseHeader | transport.StreamResponse, requ
         return e
 
 
-def _decode_merged(result, batch, frames, arena, output_types, model, version):
+def _decode_merged(result, batch, frames, read, output_types, model, version):
     (header,) = result.responses
     if header.error:
         return [_error(header.error_status, header.error)] * len(batch)
@@ -174,7 +180,7 @@ def _decode_merged(result, batch, frames, arena, output_types, model, version):
     try:
         for ref in header.outputs:
             _check_output(ref, output_types, model)
-            buf = _buffer(ref, frames, arena)
+            buf = _buffer(ref, frames, read)
             if len(batch) == 1 or buf is None:
                 per_request[0].append(Tensor(ref.name, ref.datatype, ref.shape, buf))
                 continue

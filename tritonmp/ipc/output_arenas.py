@@ -1,0 +1,89 @@
+"""The arenas a worker writes its outputs into, and their lending.
+
+A worker fills one output arena per batch, from offset 0. Large outputs are not copied out of it:
+the frontend hands them on as numpy views of the arena (for the in-process API, to the caller; for
+HTTP and gRPC, to the response being written), and the arena is *lent* until the last view of it
+is gone. The next batch then goes to another arena of the instance, made on first need and reused
+afterwards (its pages stay mapped, so it fills at memory speed). An instance has at most
+MAX_ARENAS; when all are lent, outputs are copied out as before, so a caller that keeps every
+output forever costs memory once, never unbounded.
+
+Views are slices of one numpy array over the whole arena; numpy keeps that array as the base of
+every view taken from it (its own base is the mmap, of another type), so a finalizer on it runs
+exactly when the last view, memoryview or DLPack capsule is gone. That can happen on any thread:
+a returned arena goes onto a deque, which the event loop reads.
+"""
+
+from __future__ import annotations
+
+import collections
+import weakref
+from collections.abc import Callable
+
+import numpy as np
+
+from . import buffers
+from .arena import Arena
+
+LEND_MIN = 64 * 1024  # outputs smaller than this are copied: cheaper than taking an arena out of use
+MAX_ARENAS = 4
+
+
+class OutputArenas:
+    """One worker incarnation's output arenas: `current` is where its next batch writes."""
+
+    def __init__(self, make: Callable[[int], Arena]):
+        self._make = make  # makes the k-th arena (a new shared-memory segment)
+        self.current = make(0)
+        self._all = [self.current]
+        self._returned: collections.deque[Arena] = collections.deque()  # appended from any thread
+        self._closed = False
+
+    def reader(self) -> Callable[[int, int], memoryview]:
+        """The bytes of one batch's outputs, for its decoding: `read(offset, nbytes)`. The first large
+        output lends the batch's arena, if another can take the next batch; the rest are copied."""
+        arena = self.current
+        owner: list[np.ndarray] = []
+
+        def read(offset: int, nbytes: int) -> memoryview:
+            if nbytes >= LEND_MIN and (owner or self._lend(arena, owner)):
+                return memoryview(owner[0][offset:offset + nbytes])
+            return buffers.copy_of(arena.view[offset:offset + nbytes])
+
+        return read
+
+    def _lend(self, arena: Arena, owner: list) -> bool:
+        spare = self._spare()
+        if spare is None:
+            return False
+        whole = np.frombuffer(arena.map, np.uint8)
+        weakref.finalize(whole, self._give_back, arena)
+        owner.append(whole)
+        self.current = spare
+        return True
+
+    def _spare(self) -> Arena | None:
+        if self._returned:
+            return self._returned.popleft()
+        if len(self._all) < MAX_ARENAS:
+            arena = self._make(len(self._all))
+            self._all.append(arena)
+            return arena
+        return None
+
+    def _give_back(self, arena: Arena) -> None:  # any thread
+        if self._closed:
+            arena.close()
+        else:
+            self._returned.append(arena)
+
+    def mapped(self) -> None:
+        """The worker has mapped every arena it has been sent: their names can go."""
+        for arena in self._all:
+            arena.unlink()
+
+    def close(self) -> None:
+        """Unlink and unmap them all; a lent arena stays mapped until its last view is gone."""
+        self._closed = True
+        for arena in self._all:
+            arena.close()
