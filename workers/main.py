@@ -20,7 +20,6 @@ import traceback
 from collections import deque
 
 import numpy as np
-import posix_ipc
 
 from tritonmp import datatypes
 from tritonmp.ipc import transport
@@ -74,8 +73,9 @@ class Worker:
         self.inbox = Inbox(self.sock)
         self.send_lock = threading.Lock()
         self.in_arena = Arena(spec.in_arena, 0, create=False)
-        self.out_arena = Arena(spec.out_arena, 0, create=False)
-        self.out_arenas = {spec.out_arena: self.out_arena}  # the frontend adds more while it lends some out
+        # the frontend lends out an arena whose outputs it hands on, and names another for the next batch
+        self.out_arenas = [Arena(name, 0, create=False) for name in spec.out_arenas]
+        self.out_arena = self.out_arenas[0]
         self.backend = None
         self.client_regions = ClientRegions()
         self.cuda_regions = CudaRegions(spec.device_id, spec.kind, spec.instance_name)
@@ -291,12 +291,10 @@ class Worker:
         frames.append(buf)
         return ref
 
-    def use_out_arena(self, name: str) -> None:
-        """Map the batch's output arena (first, while the frontend still has its name linked)."""
-        if name and name != self.out_arena.name:
-            arena = self.out_arenas.get(name)
-            if arena is None:
-                arena = self.out_arenas[name] = Arena(name, 0, create=False)
+    def use_out_arena(self, index: int) -> None:
+        """The batch's output arena, as the frontend chose it."""
+        arena = self.out_arenas[index]
+        if arena is not self.out_arena:
             self.out_arena = arena
             if self.spec.backend == "python":
                 from . import pb_utils
@@ -312,11 +310,7 @@ class Worker:
 
     def run_batch(self, header: transport.Execute, frames) -> None:
         t0 = time.perf_counter_ns()
-        try:
-            self.use_out_arena(header.out_arena)
-        except (OSError, ValueError, posix_ipc.Error) as e:
-            self.send(transport.RESULT, transport.Result(header.batch_id, [], error=f"cannot map an output arena: {e}"))
-            return
+        self.use_out_arena(header.out_arena)
         try:
             requests = [
                 WorkRequest(r.id, [self.decode_tensor(ref, frames) for ref in r.inputs], r.outputs,

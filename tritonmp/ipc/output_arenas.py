@@ -3,10 +3,11 @@
 A worker fills one output arena per batch, from offset 0. Large outputs are not copied out of it:
 the frontend hands them on as numpy views of the arena (for the in-process API, to the caller; for
 HTTP and gRPC, to the response being written), and the arena is *lent* until the last view of it
-is gone. The next batch then goes to another arena of the instance, made on first need and reused
-afterwards (its pages stay mapped, so it fills at memory speed). An instance has at most
-MAX_ARENAS; when all are lent, outputs are copied out as before, so a caller that keeps every
-output forever costs memory once, never unbounded.
+is gone. The next batch then goes to another arena of the instance. An instance has MAX_ARENAS,
+made and mapped by both sides when the worker starts, so that their names are unlinked at once
+(nothing is left in /dev/shm after a SIGKILL); a spare costs address space only until it is first
+written, and then keeps its pages, so it fills at memory speed. When all are lent, outputs are
+copied out as before: a caller that keeps every output forever costs memory once, never unbounded.
 
 Views are slices of one numpy array over the whole arena; numpy keeps that array as the base of
 every view taken from it (its own base is the mmap, of another type), so a finalizer on it runs
@@ -30,14 +31,17 @@ MAX_ARENAS = 4
 
 
 class OutputArenas:
-    """One worker incarnation's output arenas: `current` is where its next batch writes."""
+    """One worker incarnation's output arenas: `current` (index `index`) is where its next batch writes."""
 
-    def __init__(self, make: Callable[[int], Arena]):
-        self._make = make  # makes the k-th arena (a new shared-memory segment)
-        self.current = make(0)
-        self._all = [self.current]
-        self._returned: collections.deque[Arena] = collections.deque()  # appended from any thread
+    def __init__(self, make: Callable[[int], Arena], count: int = MAX_ARENAS):
+        self.all = [make(k) for k in range(count)]  # the k-th: a new shared-memory segment
+        self.index = 0
+        self._returned: collections.deque[int] = collections.deque(range(1, count))  # appended from any thread
         self._closed = False
+
+    @property
+    def current(self) -> Arena:
+        return self.all[self.index]
 
     def reader(self) -> Callable[[int, int], memoryview]:
         """The bytes of one batch's outputs, for its decoding: `read(offset, nbytes)`. The first large
@@ -53,37 +57,27 @@ class OutputArenas:
         return read
 
     def _lend(self, arena: Arena, owner: list) -> bool:
-        spare = self._spare()
-        if spare is None:
+        if not self._returned:
             return False
         whole = np.frombuffer(arena.map, np.uint8)
-        weakref.finalize(whole, self._give_back, arena)
+        weakref.finalize(whole, self._give_back, self.index)
         owner.append(whole)
-        self.current = spare
+        self.index = self._returned.popleft()
         return True
 
-    def _spare(self) -> Arena | None:
-        if self._returned:
-            return self._returned.popleft()
-        if len(self._all) < MAX_ARENAS:
-            arena = self._make(len(self._all))
-            self._all.append(arena)
-            return arena
-        return None
-
-    def _give_back(self, arena: Arena) -> None:  # any thread
+    def _give_back(self, index: int) -> None:  # any thread
         if self._closed:
-            arena.close()
+            self.all[index].close()
         else:
-            self._returned.append(arena)
+            self._returned.append(index)
 
-    def mapped(self) -> None:
-        """The worker has mapped every arena it has been sent: their names can go."""
-        for arena in self._all:
+    def unlink(self) -> None:
+        """The worker has mapped them all: their names can go."""
+        for arena in self.all:
             arena.unlink()
 
     def close(self) -> None:
         """Unlink and unmap them all; a lent arena stays mapped until its last view is gone."""
         self._closed = True
-        for arena in self._all:
+        for arena in self.all:
             arena.close()

@@ -107,7 +107,7 @@ class Instance:
             model_name=pool.model_name, model_version=pool.version, model_dir=pool.model_dir,
             backend=pool.backend, config_json=pool.config_json, instance_name=self.spec.name,
             kind=self.spec.kind, device_id=self.spec.device_id, in_arena=self.in_arena.name,
-            out_arena=self.outputs.current.name, arena_bytes=arena_bytes, log_verbose=pool.log_verbose)
+            out_arenas=[a.name for a in self.outputs.all], arena_bytes=arena_bytes, log_verbose=pool.log_verbose)
         env = dict(os.environ)
         env[transport.SPEC_ENV] = transport.encode_spec(spec)
         if self.spec.kind == "GPU":
@@ -145,7 +145,7 @@ class Instance:
             raise
         # Both sides have mapped the arenas: drop their names so that nothing can be left behind.
         self.in_arena.unlink()
-        self.outputs.mapped()
+        self.outputs.unlink()
         try:
             await self._warmup()
         except LoadError:
@@ -462,8 +462,7 @@ class Instance:
                 self.streams[(self.batch_id, index)] = request
                 request.future.add_done_callback(
                     lambda future, key=(self.batch_id, index): future.cancelled() and self._cancel(key))
-        header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arena,
-                                         self.outputs.current.name)
+        header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arena, self.outputs.index)
         self.sent_ns = now
         self.encode_ns = time.monotonic_ns() - now
         self.channel.send(transport.EXECUTE, header, frames)
@@ -503,7 +502,6 @@ class Instance:
         batch, self.batch = self.batch, None
         if batch is None or result.batch_id != self.batch_id:
             return
-        self.outputs.mapped()  # the worker maps the batch's output arena before anything else
         pool = self.pool
         if pool.decoupled:  # the responses come as STREAM messages; this only ends the execution
             pool.stats.executed(sum(r.batch_size for r in batch), len(batch), self.encode_ns + result.input_ns,

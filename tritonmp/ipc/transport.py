@@ -58,7 +58,7 @@ class RequestHeader(msgspec.Struct, array_like=True, omit_defaults=True):
 class Execute(msgspec.Struct, array_like=True):
     batch_id: int
     requests: list[RequestHeader]
-    out_arena: str = ""  # the arena for this batch's large outputs (the spec's out_arena when empty)
+    out_arena: int = 0  # which of the worker's output arenas (WorkerSpec.out_arenas) takes this batch's outputs
 
 
 class ResponseHeader(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -164,7 +164,7 @@ class WorkerSpec(msgspec.Struct):
     kind: str  # "CPU" or "GPU"
     device_id: int
     in_arena: str
-    out_arena: str
+    out_arenas: list[str]  # the output arenas: a batch's outputs go to the one its Execute names
     arena_bytes: int
     log_verbose: int = 0
 

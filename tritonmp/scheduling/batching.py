@@ -57,9 +57,9 @@ def _shm_outputs(request: InferRequest) -> list[transport.TensorRef]:
 
 
 def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena,
-           out_arena: str = "") -> tuple[bytes, list]:
+           out_arena: int = 0) -> tuple[bytes, list]:
     """The Execute header and tensor frames for `batch`; large inputs are written into `arena`, and
-    the worker writes large outputs into the arena named `out_arena`."""
+    the worker writes large outputs into its output arena number `out_arena`."""
     arena.reset()
     frames: list = []
     if merge:
