@@ -235,6 +235,26 @@ def test_kserve_http_grpc_and_metrics_over_an_in_process_server(server):
         tritonfrontend.KServeHttp(server, tritonfrontend.KServeGrpc.Options())
 
 
+def test_tritonfrontend_takes_the_commands_own_settings(server):
+    """The `tritonmp` command serves through these same services: its flags are their Options."""
+    from conftest import http_request
+
+    http_port, grpc_port = free_ports(2)
+    http_options = tritonfrontend.KServeHttp.Options(port=http_port, max_input_size=65536)
+    grpc_options = tritonfrontend.KServeGrpc.Options(port=grpc_port, engine="grpcio")
+    with tritonfrontend.KServeHttp(server, http_options), tritonfrontend.KServeGrpc(server, grpc_options):
+        big = b'{"inputs": [' + b" " * 70000 + b"]}"
+        status, _, body = http_request(http_port, "POST", "/v2/models/add_py/infer", big)
+        assert status == 413 and b"Request body of 70014 bytes" in body
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as grpc:
+            inputs = [grpcclient.InferInput("A", [1, 3], "FP32"), grpcclient.InferInput("B", [1, 3], "FP32")]
+            for x in inputs:
+                x.set_data_from_numpy(ONES)
+            assert grpc.infer("add", inputs).as_numpy("C").tolist() == [[2.0, 2.0, 2.0]]
+    with pytest.raises(tritonserver.InvalidArgumentError, match="engine"):
+        tritonfrontend.KServeGrpc(server, tritonfrontend.KServeGrpc.Options(engine="netty"))
+
+
 PROGRAM = """
 import signal, sys
 import numpy as np

@@ -127,19 +127,18 @@ def serve(argv: list[str]) -> int:
         if not os.path.isdir(repo):
             log.error("model repository '%s' is not a directory", repo)
             return 1
-    tls = None
-    if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
+    use_ssl = bool(args.grpc_use_ssl or args.grpc_use_ssl_mutual)
+    if use_ssl:
         if not (args.grpc_server_cert and args.grpc_server_key):
             log.error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
             return 1
         if args.grpc_use_ssl_mutual and not args.grpc_root_cert:
             log.error("--grpc-use-ssl-mutual needs --grpc-root-cert to check client certificates")
             return 1
-        tls = {"server_cert": args.grpc_server_cert, "server_key": args.grpc_server_key,
-               "root_cert": args.grpc_root_cert, "mutual": args.grpc_use_ssl_mutual}
     from .gpus import visible_gpus
     from .repository.model_manager import ServerOptions
     from .server import Endpoints, Server
+    from .tritonfrontend._frontends import KServeGrpc, KServeHttp, Metrics
 
     auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
     options = ServerOptions(repositories=[os.path.abspath(r) for r in args.model_repository],
@@ -162,14 +161,26 @@ def serve(argv: list[str]) -> int:
     if args.load_model and args.model_control_mode != "explicit":
         log.error("--load-model needs --model-control-mode=explicit")
         return 1
-    endpoints = Endpoints(args.http_address, args.http_port, args.allow_http, args.grpc_address, args.grpc_port,
-                          args.allow_grpc, tls, args.metrics_address, args.metrics_port, args.allow_metrics,
-                          args.allow_cpu_metrics, args.allow_gpu_metrics, max(0.1, args.metrics_interval_ms / 1000),
-                          args.grpc_engine, triton_flags.keepalive(args), grpcio_options, http_restrictions,
-                          grpc_restrictions, http_max_input_size=args.http_max_input_size,
-                          grpc_max_input_size=args.grpc_max_input_size,
-                          http_limits=Limits(args.http_header_timeout_secs, args.http_body_timeout_secs,
-                                             args.http_keepalive_timeout_secs, args.max_connections))
+    limits = Limits(args.http_header_timeout_secs, args.http_body_timeout_secs, args.http_keepalive_timeout_secs,
+                    args.max_connections)
+    http = KServeHttp.Options(args.http_address, args.http_port, restricted_features=http_restrictions,
+                              max_input_size=args.http_max_input_size, limits=limits,
+                              graceful_timeout=args.exit_timeout_secs)
+    grpc = KServeGrpc.Options(
+        args.grpc_address, args.grpc_port, use_ssl=use_ssl, server_cert=args.grpc_server_cert or "",
+        server_key=args.grpc_server_key or "", root_cert=args.grpc_root_cert or "",
+        use_mutual_auth=args.grpc_use_ssl_mutual, keepalive_time_ms=args.grpc_keepalive_time,
+        keepalive_timeout_ms=args.grpc_keepalive_timeout,
+        keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
+        http2_min_recv_ping_interval_without_data_ms=args.grpc_http2_min_recv_ping_interval_without_data,
+        http2_max_ping_strikes=args.grpc_http2_max_ping_strikes, max_connection_age_ms=args.grpc_max_connection_age,
+        max_connection_age_grace_ms=args.grpc_max_connection_age_grace, restricted_features=grpc_restrictions,
+        max_input_size=args.grpc_max_input_size, max_connections=args.max_connections,
+        preface_timeout_s=args.http_header_timeout_secs, engine=args.grpc_engine, grpcio_options=grpcio_options)
+    metrics = Metrics.Options(args.metrics_address, args.metrics_port, limits=limits)
+    endpoints = Endpoints(http if args.allow_http else None, grpc if args.allow_grpc else None,
+                          metrics if args.allow_metrics else None, args.allow_cpu_metrics, args.allow_gpu_metrics,
+                          max(0.1, args.metrics_interval_ms / 1000))
 
     async def main() -> int:
         server = Server(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs,

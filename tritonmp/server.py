@@ -1,67 +1,37 @@
-"""The `tritonmp` command's lifecycle: the server's core (server_core.py, shared with the in-process
-API), the HTTP, gRPC and metrics frontends on the main loop; stop in order on a signal (stop
-accepting, drain in-flight requests, stop workers, unlink shared memory)."""
+"""The `tritonmp` command's lifecycle: the server's core (server_core.py) and the HTTP, gRPC and
+metrics services (tritonfrontend's, started through `for_command`), the same as the in-process API
+serves, on the main loop; stop in order on a signal (stop accepting, drain in-flight requests, stop
+workers, unlink shared memory)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
-import socket
 import time
 from dataclasses import dataclass
 
-import uvicorn
-
-from .dataplane import EXTENSIONS, Dataplane
-from .frontends import grpc_server as grpc_frontend
-from .frontends.http2 import Keepalive
-from .frontends.http_protocol import Limits, default_max_connections, protocol_class
-from .frontends.http_server import HttpApp
-from .frontends.restricted import Restrictions
 from .observability.log_settings import LogSettings
-from .observability.metrics import MetricsApp, SystemSampler
 from .observability.sd_notify import Notifier
 from .observability.tracing import Tracer
 from .repository.model_manager import ModelManager, ServerOptions
 from .scheduling.response_cache import ResponseCache
 from .server_core import ServerCore
+from .tritonfrontend._frontends import KServeGrpc, KServeHttp, Metrics
 
 log = logging.getLogger("tritonmp.server")
 
 
 @dataclass
 class Endpoints:
-    http_address: str = "0.0.0.0"
-    http_port: int = 8000
-    allow_http: bool = True
-    grpc_address: str = "0.0.0.0"
-    grpc_port: int = 8001
-    allow_grpc: bool = True
-    grpc_tls: dict | None = None  # server_cert, server_key, root_cert, mutual
-    metrics_address: str = "0.0.0.0"
-    metrics_port: int = 8002
-    allow_metrics: bool = True
+    """The network services the command serves, as tritonfrontend's Options (None: turned off)."""
+
+    http: KServeHttp.Options | None = None
+    grpc: KServeGrpc.Options | None = None
+    metrics: Metrics.Options | None = None
     allow_cpu_metrics: bool = True
     allow_gpu_metrics: bool = True
     metrics_interval: float = 2.0
-    grpc_engine: str = "builtin"  # or "grpcio"
-    grpc_keepalive: Keepalive | None = None  # the built-in engine's keepalive and connection age
-    grpcio_options: list | None = None  # the same, and Triton's HTTP/2 ping settings, for grpc.aio
-    http_restrictions: Restrictions | None = None  # --http-restricted-api
-    grpc_restrictions: Restrictions | None = None  # --grpc-restricted-protocol
-    http_max_input_size: int = 64 << 20
-    http_limits: Limits = Limits()  # header and body deadlines, keep-alive, connections per listener
-    grpc_max_input_size: int = 64 << 20
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn without its own signal handling: the server's loop decides when to stop."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield
 
 
 def _model_table(models: ModelManager) -> str:
@@ -107,75 +77,43 @@ class Server:
         self.force_stop = asyncio.Event()
         self.signals = 0
         self.notifier = Notifier()
-        self.http: _Uvicorn | None = None
-        self.http_task: asyncio.Task | None = None
-        self.metrics: _Uvicorn | None = None
-        self.metrics_task: asyncio.Task | None = None
-        self.sampler_task: asyncio.Task | None = None
-        self.grpc = None
+        self.services: list = []  # tritonfrontend's services, started
 
     def _on_signal(self, signum: int) -> None:
         self.signals += 1
         if self.signals > 1:
             log.warning("received %s again: stopping now", signal.Signals(signum).name)
             self.force_stop.set()
-            if self.http is not None:
-                self.http.force_exit = True
             return
         log.info("received %s, shutting down: finishing requests in flight for up to %.0fs",
                  signal.Signals(signum).name, self.exit_timeout)
         self.stop_requested.set()
 
-    def _serve_asgi(self, app, address: str, port: int, **options) -> tuple[_Uvicorn, asyncio.Task]:
-        """An ASGI app on uvicorn in this loop, with the server's HTTP limits. The socket is bound
-        here, so the port listens (and a busy port fails) before serving starts."""
-        limits = self.endpoints.http_limits
-        config = uvicorn.Config(app, loop="none", http=protocol_class(limits), lifespan="off", access_log=False,
-                                log_level="warning", timeout_keep_alive=limits.keepalive_timeout, **options)
-        sock = socket.create_server((address, port), backlog=4096)
-        server = _Uvicorn(config)
-        return server, asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-
-    async def _start_frontends(self, models: ModelManager, dataplane: Dataplane) -> None:
+    async def _start_frontends(self, core: ServerCore) -> None:
+        """HTTP, metrics and gRPC through tritonfrontend's services, the same as an in-process server's."""
         ep = self.endpoints
-        if ep.allow_http:
-            app = HttpApp(dataplane, ep.http_restrictions, ep.http_max_input_size)
-            self.http, self.http_task = self._serve_asgi(app, ep.http_address, ep.http_port,
-                                                         timeout_graceful_shutdown=self.exit_timeout)
-            log.info("Started HTTPService at %s:%d", ep.http_address, ep.http_port)
-        if ep.allow_metrics:
-            system = SystemSampler(ep.allow_cpu_metrics, ep.allow_gpu_metrics, self.options.gpus)
-            self.sampler_task = asyncio.get_running_loop().create_task(system.run(ep.metrics_interval))
-            self.metrics, self.metrics_task = self._serve_asgi(MetricsApp(models, system), ep.metrics_address,
-                                                               ep.metrics_port)
-            log.info("Started Metrics Service at %s:%d", ep.metrics_address, ep.metrics_port)
-        if ep.allow_grpc:
-            self.grpc = await grpc_frontend.start(dataplane, EXTENSIONS, ep.grpc_address, ep.grpc_port, ep.grpc_tls,
-                                                  ep.grpc_engine, ep.grpc_keepalive, ep.grpcio_options,
-                                                  ep.grpc_restrictions, ep.grpc_max_input_size,
-                                                  ep.http_limits.max_connections or default_max_connections())
-            log.info("Started GRPCInferenceService at %s:%d", ep.grpc_address, ep.grpc_port)
+        core.metrics_settings = (ep.allow_cpu_metrics, ep.allow_gpu_metrics, ep.metrics_interval)
+        for cls, options, name in ((KServeHttp, ep.http, "HTTPService"), (Metrics, ep.metrics, "Metrics Service"),
+                                   (KServeGrpc, ep.grpc, "GRPCInferenceService")):
+            if options is not None:
+                service = cls.for_command(options)
+                await service.serve(core)
+                self.services.append(service)
+                log.info("Started %s at %s:%d", name, options.address, options.port)
 
     async def _drain_frontends(self, deadline: float) -> bool:
         """Stop accepting and let requests in flight finish until the deadline; False when a second
         signal cut that short."""
-        drains = []
-        if self.sampler_task is not None:
-            self.sampler_task.cancel()
-        if self.metrics is not None:
-            self.metrics.should_exit = True
-            drains.append(self.metrics_task)
-        if self.grpc is not None:
-            drains.append(self.grpc.stop(max(0.0, deadline - time.monotonic())))
-        if self.http is not None:
-            self.http.should_exit = True
-            drains.append(self.http_task)
-        draining = asyncio.gather(*drains, return_exceptions=True)
+        running = [(service, service._running) for service in self.services]
+        draining = asyncio.gather(*(service.drain(deadline) for service in self.services), return_exceptions=True)
         forced = asyncio.get_running_loop().create_task(self.force_stop.wait())
         await asyncio.wait({draining, forced}, return_when=asyncio.FIRST_COMPLETED)
+        if self.force_stop.is_set():
+            for service, handle in running:
+                if handle is not None:
+                    await service.force(handle)
+            await draining
         forced.cancel()
-        if self.force_stop.is_set() and self.grpc is not None:
-            await self.grpc.stop(0)
         return not self.force_stop.is_set()
 
     async def run(self) -> int:
@@ -192,7 +130,7 @@ class Server:
         code = 0
         try:
             try:
-                await self._start_frontends(models, dataplane)
+                await self._start_frontends(core)
             except OSError as e:  # a port in use, an address not on this host, unreadable TLS files
                 log.error("cannot serve: %s", e)
                 return 1

@@ -28,6 +28,7 @@ class ServerCore:
         self.models: ModelManager | None = None
         self.dataplane: Dataplane | None = None
         self.fingerprints: dict = {}  # the repositories as the last poll saw them
+        self.metrics_settings = (True, True, 2.0)  # CPU figures, GPU figures, seconds between samples
 
     async def build(self) -> None:
         """The model manager and the dataplane (on the loop that will serve them), after removing the

@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import logging
 
-from .frontends.http2 import Keepalive
-
 # flag -> why it means nothing in this server
 IGNORED = {
     "--model-load-thread-count": "models load concurrently, each instance in a worker process of its own",
@@ -132,13 +130,6 @@ def default_max_batch_sizes(settings: dict[str, dict[str, str]]) -> dict[str, in
                                  f"'{text}'")
             out[backend] = int(text)
     return out
-
-
-def keepalive(args: argparse.Namespace) -> Keepalive:
-    return Keepalive(args.grpc_keepalive_time / 1000, args.grpc_keepalive_timeout / 1000,
-                     args.grpc_keepalive_permit_without_calls, args.grpc_max_connection_age / 1000,
-                     args.grpc_max_connection_age_grace / 1000, args.http_header_timeout_secs,
-                     args.grpc_http2_min_recv_ping_interval_without_data / 1000, args.grpc_http2_max_ping_strikes)
 
 
 def grpcio_options(args: argparse.Namespace) -> list[tuple[str, int]]:

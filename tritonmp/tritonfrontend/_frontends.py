@@ -1,10 +1,17 @@
-"""The network services over an in-process server: KServe HTTP/REST, KServe gRPC, and metrics."""
+"""The network services: KServe HTTP/REST, KServe gRPC, and metrics, over an in-process server
+(Triton's tritonfrontend API) and, through the same classes, for the `tritonmp` command
+(tritonmp/server.py), which serves them on its own event loop (`for_command`, `serve`, `drain`).
+
+Their Options are Triton's, plus a few of this server's own with defaults (HTTP limits, input
+size limits, the gRPC engine), which the command sets from its flags."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import socket
+import time
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -16,6 +23,7 @@ from ..frontends.http_protocol import Limits, default_max_connections, protocol_
 from ..frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpApp
 from ..frontends.restricted import GRPC_HEADER_PREFIX, Restrictions
 from ..observability.metrics import MetricsApp, SystemSampler
+from ..server_core import ServerCore
 from ..tritonserver import InvalidArgumentError, Server, UnavailableError, UnsupportedError
 
 
@@ -41,8 +49,16 @@ class RestrictedFeatures:
             raise InvalidArgumentError(str(e)) from None
 
 
+def _restrictions(features, flag: str, header_prefix: str = "") -> Restrictions | None:
+    """RestrictedFeatures as the frontends take them (the command passes its flags' Restrictions)."""
+    if isinstance(features, Restrictions):
+        return features
+    return features._restrictions(flag, header_prefix)
+
+
 class _Service:
-    """A network service on the in-process server's engine loop: start, stop, context manager."""
+    """A network service over the server's core: `serve` and `drain` on the core's loop; `start`,
+    `stop` and use as a context manager from the in-process server's caller."""
 
     def __init__(self, server: Server, options):
         if not isinstance(server, Server):
@@ -55,6 +71,14 @@ class _Service:
         self.options = options
         self._running = None
 
+    @classmethod
+    def for_command(cls, options):
+        """The service for the `tritonmp` command, which serves it on its own loop."""
+        service = cls.__new__(cls)
+        cls._check(options)
+        service.server, service.options, service._running = None, options, None
+        return service
+
     def _engine(self):
         if self.server._engine is None:
             raise UnavailableError("the server is not started")
@@ -65,15 +89,14 @@ class _Service:
             raise InvalidArgumentError(f"{type(self).__name__} is already started")
         engine = self._engine()
         try:
-            self._running = engine.call(self._start(engine))
+            engine.call(self.serve(engine))
         except OSError as e:  # a port in use, an address not on this host
             raise UnavailableError(f"{type(self).__name__} cannot listen on {self.options.address}:"
                                    f"{self.options.port}: {e}") from None
 
     def stop(self) -> None:
-        running, self._running = self._running, None
-        if running is not None and self.server._engine is not None:
-            self.server._engine.call(self._stop(running))
+        if self._running is not None and self.server._engine is not None:
+            self.server._engine.call(self.drain(time.monotonic()))
 
     def __enter__(self):
         self.start()
@@ -81,6 +104,19 @@ class _Service:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    async def serve(self, core: ServerCore) -> None:
+        """Listen and serve, on the running loop (OSError when the port cannot be had)."""
+        self._running = await self._start(core)
+
+    async def drain(self, deadline: float) -> None:
+        """Stop accepting; requests in flight may finish until `deadline` (time.monotonic())."""
+        running, self._running = self._running, None
+        if running is not None:
+            await self._stop(running, deadline)
+
+    async def force(self, running) -> None:
+        """Cut a drain short: what is still open closes now."""
 
     def _socket(self) -> socket.socket:
         sock = socket.socket(socket.AF_INET6 if ":" in self.options.address else socket.AF_INET)
@@ -91,15 +127,16 @@ class _Service:
         sock.listen(4096)
         return sock
 
-    async def _serve_asgi(self, app) -> tuple[uvicorn.Server, asyncio.Task]:
-        limits = Limits()
+    def _serve_asgi(self, app, limits: Limits, graceful_timeout: float | None = None
+                    ) -> tuple[uvicorn.Server, asyncio.Task]:
         config = uvicorn.Config(app, loop="none", http=protocol_class(limits), lifespan="off", access_log=False,
-                                log_level="warning", timeout_keep_alive=limits.keepalive_timeout)
+                                log_level="warning", timeout_keep_alive=limits.keepalive_timeout,
+                                timeout_graceful_shutdown=graceful_timeout)
         server = _Uvicorn(config)
         return server, asyncio.get_running_loop().create_task(server.serve(sockets=[self._socket()]))
 
     @staticmethod
-    async def _stop_asgi(running) -> None:
+    async def _stop_asgi(running, deadline: float) -> None:
         server, task = running[:2]
         server.should_exit = True
         await task
@@ -111,13 +148,14 @@ class _Service:
 
 
 class _Uvicorn(uvicorn.Server):
-    def install_signal_handlers(self) -> None:  # the program's signals stay the program's
+    """uvicorn without signal handling of its own: the program's signals stay the program's."""
+
+    def install_signal_handlers(self) -> None:
         pass
 
+    @contextlib.contextmanager
     def capture_signals(self):
-        import contextlib
-
-        return contextlib.nullcontext()
+        yield
 
 
 class KServeHttp(_Service):
@@ -129,6 +167,11 @@ class KServeHttp(_Service):
         thread_count: int = 8  # requests are served on one asyncio loop; kept for Triton's signature
         header_forward_pattern: str = ""
         restricted_features: RestrictedFeatures = field(default_factory=RestrictedFeatures)
+        # this server's own: the largest request body, connection deadlines and limits, and how long
+        # requests in flight may finish once the service stops (None: as long as they take)
+        max_input_size: int = DEFAULT_MAX_INPUT_SIZE
+        limits: Limits = field(default_factory=Limits)
+        graceful_timeout: float | None = None
 
     def __init__(self, server: Server, options: KServeHttp.Options | None = None):
         super().__init__(server, options or KServeHttp.Options())
@@ -141,12 +184,19 @@ class KServeHttp(_Service):
         if options.header_forward_pattern:
             raise UnsupportedError("header_forward_pattern: request headers are not forwarded to models by this "
                                    "server")
+        if options.max_input_size <= 0:
+            raise InvalidArgumentError("max_input_size must be greater than 0")
 
-    async def _start(self, engine):
-        restrictions = self.options.restricted_features._restrictions("restricted_features")
-        return await self._serve_asgi(HttpApp(engine.dataplane, restrictions, DEFAULT_MAX_INPUT_SIZE))
+    async def _start(self, core: ServerCore):
+        o = self.options
+        restrictions = _restrictions(o.restricted_features, "restricted_features")
+        return self._serve_asgi(HttpApp(core.dataplane, restrictions, o.max_input_size), o.limits,
+                                o.graceful_timeout)
 
     _stop = staticmethod(_Service._stop_asgi)
+
+    async def force(self, running) -> None:
+        running[0].force_exit = True
 
 
 class KServeGrpc(_Service):
@@ -179,6 +229,14 @@ class KServeGrpc(_Service):
         infer_allocation_pool_size: int = 8
         forward_header_pattern: str = ""
         restricted_features: RestrictedFeatures = field(default_factory=RestrictedFeatures)
+        # this server's own: the largest request message, open connections (0: half the file
+        # descriptors allowed), how long a new connection has for HTTP/2's preface, and the engine
+        # ("builtin", or "grpcio" with grpc.aio server options)
+        max_input_size: int = grpc_server.DEFAULT_MAX_INPUT_SIZE
+        max_connections: int = 0
+        preface_timeout_s: float = 10.0
+        engine: str = "builtin"
+        grpcio_options: list | None = None
 
     def __init__(self, server: Server, options: KServeGrpc.Options | None = None):
         super().__init__(server, options or KServeGrpc.Options())
@@ -195,8 +253,12 @@ class KServeGrpc(_Service):
             raise UnsupportedError("infer_compression_level: responses are not compressed by this server")
         if options.use_ssl and not (options.server_cert and options.server_key):
             raise InvalidArgumentError("use_ssl needs server_cert and server_key")
+        if options.engine not in ("builtin", "grpcio"):
+            raise InvalidArgumentError(f"engine must be 'builtin' or 'grpcio', got {options.engine!r}")
+        if options.max_input_size <= 0:
+            raise InvalidArgumentError("max_input_size must be greater than 0")
 
-    async def _start(self, engine):
+    async def _start(self, core: ServerCore):
         o = self.options
         tls = None
         if o.use_ssl:
@@ -205,14 +267,19 @@ class KServeGrpc(_Service):
         keepalive = Keepalive(time=o.keepalive_time_ms / 1000, timeout=o.keepalive_timeout_ms / 1000,
                               without_calls=o.keepalive_permit_without_calls, max_age=o.max_connection_age_ms / 1000,
                               max_age_grace=o.max_connection_age_grace_ms / 1000,
+                              preface_timeout=o.preface_timeout_s,
                               min_ping_interval=o.http2_min_recv_ping_interval_without_data_ms / 1000,
                               max_ping_strikes=o.http2_max_ping_strikes)
-        restrictions = o.restricted_features._restrictions("restricted_features", GRPC_HEADER_PREFIX)
-        return await grpc_server.start(engine.dataplane, EXTENSIONS, o.address, o.port, tls, "builtin", keepalive,
-                                       None, restrictions, max_connections=default_max_connections())
+        restrictions = _restrictions(o.restricted_features, "restricted_features", GRPC_HEADER_PREFIX)
+        return await grpc_server.start(core.dataplane, EXTENSIONS, o.address, o.port, tls, o.engine, keepalive,
+                                       o.grpcio_options, restrictions, o.max_input_size,
+                                       o.max_connections or default_max_connections())
 
     @staticmethod
-    async def _stop(running) -> None:
+    async def _stop(running, deadline: float) -> None:
+        await running.stop(max(0.0, deadline - time.monotonic()))
+
+    async def force(self, running) -> None:
         await running.stop(0)
 
 
@@ -223,6 +290,7 @@ class Metrics(_Service):
         port: int = 8002
         thread_count: int = 1
         reuse_port: bool = False
+        limits: Limits = field(default_factory=Limits)  # this server's own: connection deadlines and limits
 
     def __init__(self, server: Server, options: Metrics.Options | None = None):
         super().__init__(server, options or Metrics.Options())
@@ -233,16 +301,16 @@ class Metrics(_Service):
         if options.thread_count <= 0:
             raise InvalidArgumentError("thread_count must be greater than 0")
 
-    async def _start(self, engine):
-        o = self.server.options
-        if not o.metrics:
+    async def _start(self, core: ServerCore):
+        if self.server is not None and not self.server.options.metrics:
             raise UnavailableError("metrics are turned off in the server's Options (metrics=False)")
-        system = SystemSampler(o.cpu_metrics, o.gpu_metrics, engine.options.gpus)
-        sampler = asyncio.get_running_loop().create_task(system.run(o.metrics_interval / 1000))
-        server, task = await self._serve_asgi(MetricsApp(engine.models, system))
+        cpu, gpu, interval = core.metrics_settings
+        system = SystemSampler(cpu, gpu, core.options.gpus)
+        sampler = asyncio.get_running_loop().create_task(system.run(interval))
+        server, task = self._serve_asgi(MetricsApp(core.models, system), self.options.limits)
         return server, task, sampler
 
     @staticmethod
-    async def _stop(running) -> None:
+    async def _stop(running, deadline: float) -> None:
         running[2].cancel()
-        await _Service._stop_asgi(running)
+        await _Service._stop_asgi(running, deadline)

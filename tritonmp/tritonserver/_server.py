@@ -147,6 +147,7 @@ class Server:
                                    logger="tritonmp")
         engine = Engine(server_options, model_control=control, strict_readiness=o.strict_readiness, cache=cache,
                         server_id=o.server_id, log_settings=log_settings)
+        engine.metrics_settings = (o.cpu_metrics, o.gpu_metrics, max(0.1, o.metrics_interval / 1000))
         engine.start()
         self._engine = engine
         _live_servers.add(self)
