@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_targets import Server, identity_repo, median_us, shm_round_trip_us  # noqa: E402
+from bench_targets import Server, median_us, setup_64mib, shm_round_trip_us  # noqa: E402
 
 from make_example_repo import binary_op_model, write  # noqa: E402
 
@@ -94,11 +94,7 @@ def small(repo: str) -> None:
 def large(tmp: str) -> None:
     from tritonmp import tritonserver
 
-    n = 16 * 1024 * 1024  # 64 MiB of FP32
-    repo = identity_repo(tmp, n)
-    src = np.random.default_rng(0).random(n, dtype=np.float32)
-    dst = np.empty_like(src)
-    memcpy = median_us(lambda: np.copyto(dst, src), 20)
+    repo, src, memcpy = setup_64mib(tmp)
     with tritonserver.Server(model_repository=repo) as server:
         big = server.model("big")
 

@@ -214,12 +214,17 @@ def shm_round_trip_us(repo: str, src: np.ndarray, write_input: bool = False) -> 
         shm.destroy_shared_memory_region(h_out)
 
 
-def shm_64mib(tmp: str) -> None:
-    n = 16 * 1024 * 1024  # 64 MiB of FP32
+def setup_64mib(tmp: str) -> tuple[str, np.ndarray, float]:
+    """The identity repository over 64 MiB of FP32, a 64 MiB source array, and a bare memcpy's median us."""
+    n = 16 * 1024 * 1024
     repo = identity_repo(tmp, n)
     src = np.random.default_rng(0).random(n, dtype=np.float32)
     dst = np.empty_like(src)
-    memcpy = median_us(lambda: np.copyto(dst, src), 20)
+    return repo, src, median_us(lambda: np.copyto(dst, src), 20)
+
+
+def shm_64mib(tmp: str) -> None:
+    repo, src, memcpy = setup_64mib(tmp)
     took = shm_round_trip_us(repo, src)
     print(f"64 MiB through client shm (input and output): median {took / 1000:.1f} ms; bare 64 MiB memcpy "
           f"{memcpy / 1000:.1f} ms; ratio {took / memcpy:.2f} (target <= 2; onnxruntime writes the output "
