@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -162,6 +163,37 @@ def test_cancelling_a_request_reaches_the_model(capfd):
         assert isinstance(rest[-2].error, tritonserver.CancelledError) and rest[-1].final
         wait_for(lambda: "ticker: cancelled after" in capfd.readouterr().err, 30, "the model to see is_cancelled()")
         assert list(server.model("ticker").infer(inputs=_n(0)))[-1].final  # it goes on serving
+
+
+def test_a_request_cancelled_at_once_still_ends_with_a_final_response(server):
+    # cancel() right after infer() mostly lands before the engine has even started the request
+    model = server.model("add")
+    for _ in range(30):
+        responses = model.infer(inputs={"A": ONES, "B": ONES}, raise_on_error=False)
+        responses.cancel()
+        got = _drain_within(responses, 30)
+        assert got[-1].final
+        assert all(r.error is None or isinstance(r.error, tritonserver.CancelledError) for r in got)
+
+    async def cancelled_async():
+        responses = model.async_infer(inputs={"A": ONES, "B": ONES}, raise_on_error=False)
+        responses.cancel()
+        return [r async for r in responses]
+
+    for _ in range(10):
+        assert asyncio.run(asyncio.wait_for(cancelled_async(), 30))[-1].final
+    (answer,) = model.infer(inputs={"A": ONES, "B": ONES})  # and it goes on serving
+    assert np.from_dlpack(answer.outputs["C"]).tolist() == [[2.0, 2.0, 2.0]]
+
+
+def _drain_within(responses, seconds: float) -> list:
+    """Every response of an iterator, taken on a thread of its own: a hang fails instead of blocking."""
+    got: list = []
+    taker = threading.Thread(target=lambda: got.extend(responses), daemon=True)
+    taker.start()
+    taker.join(seconds)
+    assert not taker.is_alive(), "the response iterator never ended"
+    return got
 
 
 def test_sequences_priorities_and_timeouts_reach_the_scheduler(server):

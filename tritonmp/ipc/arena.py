@@ -3,7 +3,7 @@
 The frontend creates each arena and owns it; the worker maps it by name. Once both sides have
 mapped it, the frontend unlinks the name, so nothing is left in /dev/shm even after a SIGKILL.
 A worker runs one batch at a time, so an arena is filled from offset 0 for every batch by a
-bump allocator. Imported by the frontend and by workers; depends on posix_ipc only.
+bump allocator. Imported by the frontend and by workers; depends on posix_ipc and numpy.
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ from __future__ import annotations
 import mmap
 import os
 
+import numpy as np
 import posix_ipc
 
 ALIGN = 64
+GIL_FREE_COPY = 1 << 20
 PREFIX = "tritonmp-"
 
 
@@ -47,7 +49,11 @@ class Arena:
 
     def write(self, data, offset: int) -> None:
         src = memoryview(data).cast("B")
-        self.view[offset:offset + src.nbytes] = src
+        dst = self.view[offset:offset + src.nbytes]
+        if src.nbytes >= GIL_FREE_COPY:  # numpy copies without the GIL: other threads run meanwhile
+            np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
+        else:
+            dst[:] = src
 
     def unlink(self) -> None:
         if self.linked:

@@ -5,7 +5,6 @@ worker processes; the caller's thread only waits for answers."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
@@ -50,14 +49,20 @@ class Engine(ServerCore):
         return self.call(wrapper())
 
     def submit(self, request: InferRequest, deliver: Callable[[InferResponse | ServerError | None], None]
-               ) -> concurrent.futures.Future:
-        """Start a request; `deliver` gets each response or error as it comes, then None. Cancelling the
-        returned future cancels the request (the model sees is_cancelled())."""
+               ) -> Submission:
+        """Start a request; `deliver` gets each response or error as it comes, then None (all on the
+        engine's loop). Cancelling the returned Submission cancels the request (the model sees
+        is_cancelled())."""
+        submission = Submission(self.loop)
 
         async def run():
             try:
-                async for item in self.dataplane.infer_stream(request):
-                    deliver(item)
+                mv = self.models.get(request.model_name, request.model_version)
+                if mv.pool.decoupled:
+                    async for item in self.dataplane.infer_stream(request):
+                        deliver(item)
+                else:  # one response: no async generator to drive
+                    deliver(await self.dataplane.infer(request))
             except ServerError as e:  # the request failed as a whole: its one, final, answer
                 e.final = True
                 deliver(e)
@@ -65,9 +70,24 @@ class Engine(ServerCore):
                 deliver(ServerError("Request for the model was cancelled", Status.CANCELLED))
                 raise
             finally:
+                submission.finished = True
                 deliver(None)
 
-        return asyncio.run_coroutine_threadsafe(run(), self.loop)
+        def cancelled_before_running(_task=None):
+            if not submission.finished:  # cancelled before its first step: run() never began
+                submission.finished = True
+                deliver(ServerError("Request for the model was cancelled", Status.CANCELLED))
+                deliver(None)
+
+        def start():
+            if submission.cancelled:
+                cancelled_before_running()
+                return
+            submission.task = self.loop.create_task(run())
+            submission.task.add_done_callback(cancelled_before_running)
+
+        self.loop.call_soon_threadsafe(start)
+        return submission
 
     def stop(self, timeout: float) -> None:
         if self.stopped:
@@ -81,3 +101,31 @@ class Engine(ServerCore):
             self.thread.join(timeout + 5)
             if not self.thread.is_alive():
                 self.loop.close()
+
+
+class Submission:
+    """A request started on the engine's loop, as its caller holds it: cancel() from any thread."""
+
+    __slots__ = ("loop", "task", "cancelled", "finished")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.task: asyncio.Task | None = None
+        self.cancelled = False
+        self.finished = False
+
+    def done(self) -> bool:
+        return self.finished
+
+    def cancel(self) -> None:
+        if self.cancelled or self.finished:
+            return
+        self.cancelled = True
+        try:
+            self.loop.call_soon_threadsafe(self._cancel)
+        except RuntimeError:  # the engine's loop has closed: nothing runs any more
+            pass
+
+    def _cancel(self) -> None:  # on the loop
+        if self.task is not None:
+            self.task.cancel()

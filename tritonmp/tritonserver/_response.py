@@ -65,7 +65,7 @@ class _Iterator:
         self._raise = raise_on_error
         self._complete = False
         self._convert = _Responses(model, request.request_id or "")
-        self._future = model._server._engine.submit(request._core_request(), self._deliver)
+        self._submission = model._server._engine.submit(request._core_request(), self._deliver)
 
     def _deliver(self, item) -> None:  # on the engine's loop
         response = self._convert.convert(item)
@@ -79,12 +79,12 @@ class _Iterator:
         return response
 
     def cancel(self) -> None:
-        self._future.cancel()
+        self._submission.cancel()
 
     def __del__(self):
-        future = getattr(self, "_future", None)  # absent when __init__ raised
-        if future is not None and not getattr(self, "_complete", True) and not future.done():
-            future.cancel()
+        submission = getattr(self, "_submission", None)  # absent when __init__ raised
+        if submission is not None and not getattr(self, "_complete", True) and not submission.done():
+            submission.cancel()
 
 
 class ResponseIterator(_Iterator):
