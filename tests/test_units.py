@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from tritonmp import datatypes
-from tritonmp.core import InferRequest, RequestedOutput, Tensor
-from tritonmp.frontends import http2
+from tritonmp.core import InferRequest, InferResponse, RequestedOutput, Tensor
+from tritonmp.frontends import grpc_codec, http2
 from tritonmp.ipc import transport
 from tritonmp.ipc.arena import Arena, segment_name
 from tritonmp.scheduling import batching
@@ -273,3 +273,18 @@ def test_every_package_of_the_source_tree_is_installed():
     found = {"tritonmp." + ".".join(p.parent.relative_to(root / "tritonmp").parts)
              for p in (root / "tritonmp").rglob("__init__.py") if p.parent != root / "tritonmp"}
     assert found | {"tritonmp", "tritonmp.workers"} <= listed
+
+
+def test_a_grpc_answer_in_wire_parts_is_the_same_message():
+    from tritonclient.grpc import service_pb2 as pb
+
+    small = memoryview(np.ones(3, np.float32)).cast("B")
+    big = memoryview(np.arange(300_000, dtype=np.float32)).cast("B")  # over WIRE_PARTS_MIN, and a 3-byte length
+    response = InferResponse("m", "1", "id", [Tensor("A", "FP32", [3], small), Tensor("B", "FP32", [300_000], big),
+                                             Tensor("C", "FP32", [0], None), Tensor("D", "FP32", [3], small)],
+                             {"flag": True, "n": 7, "s": "x"})
+    wire = grpc_codec.encode_infer_wire(response)
+    assert isinstance(wire, grpc_codec.WireResponse)
+    assert any(part.obj is big.obj for part in wire.parts if isinstance(part, memoryview))  # sent, never copied
+    assert pb.ModelInferResponse.FromString(wire.SerializeToString()) == grpc_codec.encode_infer(response)
+    assert wire.nbytes == len(wire.SerializeToString())

@@ -80,12 +80,14 @@ def decode_infer(msg: pb.ModelInferRequest) -> InferRequest:
                         parameters_dict(msg.parameters) if msg.parameters else {})
 
 
-def encode_infer(response: InferResponse) -> pb.ModelInferResponse:
+def encode_infer(response: InferResponse, with_contents: bool = True) -> pb.ModelInferResponse:
+    """The response as a protobuf message; without `with_contents`, raw_output_contents stays empty."""
     msg = pb.ModelInferResponse(model_name=response.model_name, model_version=response.model_version,
                                 id=response.id)
     for t in response.outputs:
         msg.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
-        msg.raw_output_contents.append(b"" if t.data is None else bytes(t.data))
+        if with_contents:
+            msg.raw_output_contents.append(b"" if t.data is None else bytes(t.data))
     for key, value in response.parameters.items():
         param = msg.parameters[key]
         if isinstance(value, bool):
@@ -95,3 +97,58 @@ def encode_infer(response: InferResponse) -> pb.ModelInferResponse:
         else:
             param.string_param = str(value)
     return msg
+
+
+RAW_OUTPUT_CONTENTS_TAG = b"\x32"  # ModelInferResponse field 6, length-delimited
+WIRE_PARTS_MIN = 64 * 1024  # an output this large is sent from its own buffer, never copied here
+
+
+class WireResponse:
+    """A ModelInferResponse as the bytes of its wire form, in parts: the protobuf of all but the
+    raw output contents, then one field-6 record per output, in order, whose large payloads are the
+    outputs' own buffers (views of the worker's arena). Protobuf appends repeated fields met later
+    in a message, so the parts make the same message; the frontend writes them without joining."""
+
+    __slots__ = ("parts", "nbytes")
+
+    def __init__(self, parts: list, nbytes: int):
+        self.parts = parts
+        self.nbytes = nbytes
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 - protobuf's name, for code that takes a message
+        return b"".join(self.parts)
+
+
+def encode_infer_wire(response: InferResponse) -> pb.ModelInferResponse | WireResponse:
+    """The ModelInfer answer: a plain message when every output is small; else a WireResponse,
+    which no Python code copies the large outputs into."""
+    if not any(t.data is not None and _nbytes(t.data) >= WIRE_PARTS_MIN for t in response.outputs):
+        return encode_infer(response)
+    parts: list = [encode_infer(response, with_contents=False).SerializeToString()]
+    small = bytearray()
+    for t in response.outputs:
+        data = b"" if t.data is None else t.data
+        n = _nbytes(data)
+        small += RAW_OUTPUT_CONTENTS_TAG + _varint(n)
+        if n >= WIRE_PARTS_MIN:
+            parts.append(bytes(small))
+            small.clear()
+            parts.append(memoryview(data).cast("B"))
+        else:
+            small += data
+    if small:
+        parts.append(bytes(small))
+    return WireResponse(parts, sum(_nbytes(p) for p in parts))
+
+
+def _nbytes(data) -> int:
+    return data.nbytes if isinstance(data, memoryview) else len(data)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)

@@ -235,9 +235,19 @@ class _Call(http2.StreamHandler):
                                end_stream=True)
 
     @staticmethod
-    def _frame(message) -> bytes:
+    def _frame(message) -> bytes | list:
+        """The gRPC message frame: bytes; or, for a message given in wire parts (large tensors), the
+        list of its parts behind the 5-byte prefix, to be written as they are."""
+        parts = getattr(message, "parts", None)
+        if parts is not None:
+            return [b"\x00" + message.nbytes.to_bytes(4, "big"), *parts]
         payload = message.SerializeToString()
         return b"\x00" + len(payload).to_bytes(4, "big") + payload
+
+    async def _send(self, data: bytes | list) -> None:
+        conn, stream = self.conn, self.stream
+        for part in data if isinstance(data, list) else (data,):
+            await conn.send_data(stream, part)
 
     async def _run(self, work, *args) -> None:
         """`await work(*args)` under the call's deadline; any failure becomes the call's status.
@@ -261,10 +271,10 @@ class _Call(http2.StreamHandler):
     async def _unary(self, request) -> None:
         data = self._frame(await self.method.handler(await self._message(request)))
         conn, stream = self.conn, self.stream
-        if not conn.try_send_all(stream, RESPONSE_HEADERS, data, OK_TRAILERS):
+        if isinstance(data, list) or not conn.try_send_all(stream, RESPONSE_HEADERS, data, OK_TRAILERS):
             conn.send_headers(stream, RESPONSE_HEADERS)
             self.headers_sent = True
-            await conn.send_data(stream, data)
+            await self._send(data)
             conn.send_headers(stream, OK_TRAILERS, end_stream=True)
 
     async def _requests(self):
@@ -283,7 +293,7 @@ class _Call(http2.StreamHandler):
             if not self.headers_sent:
                 conn.send_headers(stream, RESPONSE_HEADERS)
                 self.headers_sent = True
-            await conn.send_data(stream, self._frame(response))
+            await self._send(self._frame(response))
         if self.headers_sent:
             conn.send_headers(stream, OK_TRAILERS, end_stream=True)
         else:

@@ -76,7 +76,7 @@ class InferenceService:
 
     async def ModelInfer(self, request):
         core = grpc_codec.decode_infer(request)
-        return grpc_codec.encode_infer(await self.dp.infer(core, "ModelInfer RPC"))
+        return grpc_codec.encode_infer_wire(await self.dp.infer(core, "ModelInfer RPC"))
 
     async def ModelStatistics(self, request):
         return json_format.ParseDict(self.dp.statistics(request.name, request.version), pb.ModelStatisticsResponse(),
