@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from . import http2
+from .grpc_codec import WireResponse
 from .inflate import TooLarge, inflate
 
 log = logging.getLogger("tritonmp.grpc")
@@ -238,9 +239,8 @@ class _Call(http2.StreamHandler):
     def _frame(message) -> bytes | list:
         """The gRPC message frame: bytes; or, for a message given in wire parts (large tensors), the
         list of its parts behind the 5-byte prefix, to be written as they are."""
-        parts = getattr(message, "parts", None)
-        if parts is not None:
-            return [b"\x00" + message.nbytes.to_bytes(4, "big"), *parts]
+        if isinstance(message, WireResponse):
+            return [b"\x00" + message.nbytes.to_bytes(4, "big"), *message.parts]
         payload = message.SerializeToString()
         return b"\x00" + len(payload).to_bytes(4, "big") + payload
 
