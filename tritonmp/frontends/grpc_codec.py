@@ -9,6 +9,7 @@ from tritonclient.grpc import service_pb2 as pb
 from .. import datatypes
 from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..errors import invalid
+from ..ipc import buffers
 
 # datatype -> the InferTensorContents field that carries it in typed form
 CONTENTS_FIELD = {
@@ -122,13 +123,13 @@ class WireResponse:
 def encode_infer_wire(response: InferResponse) -> pb.ModelInferResponse | WireResponse:
     """The ModelInfer answer: a plain message when every output is small; else a WireResponse,
     which no Python code copies the large outputs into."""
-    if not any(t.data is not None and _nbytes(t.data) >= WIRE_PARTS_MIN for t in response.outputs):
+    if not any(t.data is not None and buffers.nbytes(t.data) >= WIRE_PARTS_MIN for t in response.outputs):
         return encode_infer(response)
     parts: list = [encode_infer(response, with_contents=False).SerializeToString()]
     small = bytearray()
     for t in response.outputs:
         data = b"" if t.data is None else t.data
-        n = _nbytes(data)
+        n = buffers.nbytes(data)
         small += RAW_OUTPUT_CONTENTS_TAG + _varint(n)
         if n >= WIRE_PARTS_MIN:
             parts.append(bytes(small))
@@ -138,11 +139,8 @@ def encode_infer_wire(response: InferResponse) -> pb.ModelInferResponse | WireRe
             small += data
     if small:
         parts.append(bytes(small))
-    return WireResponse(parts, sum(_nbytes(p) for p in parts))
+    return WireResponse(parts, sum(buffers.nbytes(p) for p in parts))
 
-
-def _nbytes(data) -> int:
-    return data.nbytes if isinstance(data, memoryview) else len(data)
 
 
 def _varint(n: int) -> bytes:

@@ -22,3 +22,8 @@ def copy_of(view) -> memoryview:
     out = np.empty(src.nbytes, np.uint8)
     out[:] = src
     return memoryview(out)
+
+
+def nbytes(data) -> int:
+    """The size of a tensor's bytes: a memoryview (of any format) or a bytes-like object."""
+    return data.nbytes if isinstance(data, memoryview) else len(data)

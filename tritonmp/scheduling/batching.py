@@ -15,15 +15,12 @@ from collections.abc import Callable
 from .. import datatypes
 from ..core import InferRequest, InferResponse, Tensor
 from ..errors import ServerError, Status
-from ..ipc import transport
+from ..ipc import buffers, transport
 from ..ipc.arena import Arena
 from ..ipc.shm_registry import ShmRef
 
 _len = struct.Struct("<I").unpack_from
 
-
-def _nbytes(data) -> int:
-    return data.nbytes if isinstance(data, memoryview) else len(data)
 
 
 def _place(datas: list, nbytes: int, arena: Arena, frames: list, ref: transport.TensorRef) -> None:
@@ -35,7 +32,7 @@ def _place(datas: list, nbytes: int, arena: Arena, frames: list, ref: transport.
             ref.offset = offset
             for data in datas:
                 arena.write(data, offset)
-                offset += _nbytes(data)
+                offset += buffers.nbytes(data)
             return
     ref.frame = len(frames)
     frames.append(datas[0] if len(datas) == 1 else b"".join(datas))
@@ -74,7 +71,7 @@ def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena,
             datas = [r.inputs[i].data for r in batch]
             shape = [total, *t.shape[1:]] if len(batch) > 1 else list(t.shape)
             ref = transport.TensorRef(t.name, t.datatype, shape)
-            _place(datas, sum(_nbytes(d) for d in datas), arena, frames, ref)
+            _place(datas, sum(buffers.nbytes(d) for d in datas), arena, frames, ref)
             refs.append(ref)
         if any(r.outputs is None for r in batch):
             outputs = []
@@ -90,7 +87,7 @@ def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena,
                     refs.append(_shm_ref(t.name, t.datatype, list(t.shape), t.data))
                     continue
                 ref = transport.TensorRef(t.name, t.datatype, list(t.shape))
-                _place([t.data], _nbytes(t.data), arena, frames, ref)
+                _place([t.data], buffers.nbytes(t.data), arena, frames, ref)
                 refs.append(ref)
             headers.append(transport.RequestHeader(r.id, refs, _requested(r), r.parameters,
                                                    shm_outputs=_shm_outputs(r)))
