@@ -61,9 +61,51 @@ def _x(module, value: np.ndarray):
 
 
 def test_tensors_larger_than_the_flow_control_windows(wire_server):
+    """Over 64 MiB each way, on the default message limit (Triton's: INT32_MAX bytes)."""
     client = grpcclient.InferenceServerClient(wire_server.grpc_url)
-    x = np.random.default_rng(0).random(12 << 20, dtype=np.float32)  # 48 MiB each way
+    x = np.random.default_rng(0).random((16 << 20) + 3, dtype=np.float32)
     np.testing.assert_array_equal(client.infer("echo", _x(grpcclient, x)).as_numpy("Y"), x)
+
+
+def test_a_message_declared_over_the_limit_is_refused_before_its_bytes(wire_server):
+    """Only the 5-byte prefix is sent, declaring 4 GiB: the answer comes without waiting for a byte more."""
+    headers = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", SERVICE + "ModelInfer"),
+                                      (":authority", "localhost"), ("content-type", "application/grpc"),
+                                      ("te", "trailers")])
+    with socket.create_connection(("127.0.0.1", wire_server.grpc_port), timeout=30) as s:
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0) + _frame(1, 4, 1, headers)
+                  + _frame(0, 0, 1, b"\x00\xff\xff\xff\xff"))
+        frames = _read_frames(s, lambda fs: any(k == 1 and f & 1 for k, f, _ in fs))
+    decoder = hpack.Decoder()
+    trailers = [dict(decoder.decode(p)) for k, _, p in frames if k == 1][-1]
+    assert trailers["grpc-status"] == "8", trailers
+    assert "larger than max" in trailers["grpc-message"]
+
+
+def test_frontend_memory_does_not_grow_with_64_mib_requests(start_server, echo_repo):
+    """50 ModelInfer calls of 64 MiB each way: the frontend's resident memory after them is within
+    64 MiB (one tensor) of what it was after the first 5 (builtin engine)."""
+    server = start_server([echo_repo])
+    request = pb.ModelInferRequest(model_name="echo")
+    request.inputs.add(name="X", datatype="FP32", shape=[16 << 20])
+    request.raw_input_contents.append(np.ones(16 << 20, np.float32).tobytes())
+    body = request.SerializeToString()
+
+    def rss_mib() -> float:
+        with open(f"/proc/{server.pid}/status") as f:
+            return int(f.read().split("VmRSS:")[1].split()[0]) / 1024
+
+    with grpc.insecure_channel(server.grpc_url, options=[("grpc.max_receive_message_length", -1),
+                                                         ("grpc.max_send_message_length", -1)]) as channel:
+        call = channel.unary_unary(SERVICE + "ModelInfer")
+        for i in range(50):
+            answer = call(body, timeout=60)
+            assert len(answer) > 64 << 20
+            if i == 4:
+                after_5 = rss_mib()
+    after_50 = rss_mib()
+    print(f"frontend RSS after 5 requests: {after_5:.0f} MiB, after 50: {after_50:.0f} MiB")
+    assert after_50 - after_5 < 64, (after_5, after_50)
 
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])

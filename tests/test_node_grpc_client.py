@@ -40,3 +40,5 @@ def test_grpc_js_client(server, tmp_path):
     assert out["many_ok"] == 1000
     assert out["stream"] == [["s0", 100, True], ["s1", 101, True], ["s2", 102, True]]
     assert out["error"] == {"code": 5, "details": "Request for unknown model: 'no_such_model' is not found"}
+    n = (16 << 20) + 3  # over 64 MiB each way, on the default message limit
+    assert out["large"] == {"bytes": n * 4, "shape": [n], "first": 1.5, "last": 7}

@@ -288,3 +288,36 @@ def test_a_grpc_answer_in_wire_parts_is_the_same_message():
     assert any(part.obj is big.obj for part in wire.parts if isinstance(part, memoryview))  # sent, never copied
     assert pb.ModelInferResponse.FromString(wire.SerializeToString()) == grpc_codec.encode_infer(response)
     assert wire.nbytes == len(wire.SerializeToString())
+
+
+def test_a_large_grpc_request_parsed_around_its_raw_contents_is_the_same_request():
+    from google.protobuf.message import DecodeError
+    from tritonclient.grpc import service_pb2 as pb
+
+    big = np.arange(300_000, dtype=np.float32).tobytes()  # over SPLIT_MIN
+    request = pb.ModelInferRequest(model_name="m", model_version="2", id="r")
+    request.inputs.add(name="A", datatype="FP32", shape=[300_000])
+    request.inputs.add(name="B", datatype="FP32", shape=[3]).parameters["p"].int64_param = 4
+    request.outputs.add(name="C")
+    request.parameters["priority"].int64_param = 1
+    request.raw_input_contents.extend([big, np.ones(3, np.float32).tobytes()])
+    wire = request.SerializeToString()
+    # records in any order, and an unknown field, parse as protobuf parses them
+    reordered = (b"\x3a" + grpc_codec._varint(len(big)) + big + wire.replace(b"\x3a" + grpc_codec._varint(len(big))
+                                                                              + big, b"") + b"\xa0\x06\x05")
+    for data in (wire, reordered):
+        expected = pb.ModelInferRequest.FromString(data)
+        split = grpc_codec.parse_infer_request(np.frombuffer(data, np.uint8))
+        assert isinstance(split, grpc_codec.SplitRequest)
+        assert [bytes(r) for r in split.raw] == list(expected.raw_input_contents)
+        assert all(isinstance(r, memoryview) for r in split.raw)  # views of the received bytes, not copies
+        expected.ClearField("raw_input_contents")
+        assert split.msg == expected
+        decoded = grpc_codec.decode_infer(split)
+        assert [(t.name, t.shape, bytes(t.data)) for t in decoded.inputs] == \
+            [("A", [300_000], big), ("B", [3], np.ones(3, np.float32).tobytes())]
+    small = pb.ModelInferRequest(model_name="m")
+    assert grpc_codec.parse_infer_request(small.SerializeToString()) == small  # small: protobuf's own parse
+    for bad in (wire[:-5], wire[:70_000], b"\x3a\xff\xff\xff\xff\x0f" + bytes(70_000), b"\x0f" + bytes(70_000)):
+        with pytest.raises(DecodeError):  # malformed: protobuf's own error, as for a small message
+            grpc_codec.parse_infer_request(bad)

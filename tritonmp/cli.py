@@ -89,9 +89,10 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-connections", type=int, default=0,
                    help="open connections per listener (HTTP, gRPC, metrics) beyond which new ones are closed at "
                         "once (0: half the process's file-descriptor limit)")
-    p.add_argument("--grpc-max-input-size", type=int, default=64 << 20, metavar="BYTES",
+    p.add_argument("--grpc-max-input-size", type=int, default=(1 << 31) - 1, metavar="BYTES",
                    help="the largest gRPC request message, as received and as decompressed (RESOURCE_EXHAUSTED "
-                        "beyond it)")
+                        "beyond it; a message whose prefix declares more is refused before its bytes are read); "
+                        "default Triton's, INT32_MAX")
     p.add_argument("--arena-mb", type=int, default=64,
                    help="size of each worker's input and output shared-memory arena, in MiB")
     triton_flags.add_to(p)

@@ -65,6 +65,31 @@ async function main() {
     stream.end();
   });
   out.error = await call("ModelMetadata", { name: "no_such_model" });
+  // a tensor over 64 MiB each way, through the identity model (every other input one element)
+  const n = (16 << 20) + 3;
+  const big = new Float32Array(n).fill(1.5);
+  big[n - 1] = 7;
+  const sizes = { BOOL: 1, UINT8: 1, UINT16: 2, UINT32: 4, UINT64: 8, INT8: 1, INT16: 2, INT32: 4, INT64: 8,
+    FP16: 2, FP64: 8, BF16: 2 };
+  const inputs = [];
+  const raw = [];
+  for (const [datatype, size] of Object.entries(sizes)) {
+    inputs.push({ name: `IN_${datatype}`, datatype, shape: [1] });
+    raw.push(Buffer.alloc(size));
+  }
+  inputs.push({ name: "IN_FP32", datatype: "FP32", shape: [n] });
+  raw.push(Buffer.from(big.buffer));
+  inputs.push({ name: "IN_BYTES", datatype: "BYTES", shape: [1] });
+  raw.push(Buffer.from([1, 0, 0, 0, 120]));
+  const large = await call("ModelInfer", { model_name: "identity", id: "large", inputs, raw_input_contents: raw });
+  if (large.raw_output_contents) {
+    const i = large.outputs.findIndex((t) => t.name === "OUT_FP32");
+    const c = large.raw_output_contents[i];
+    out.large = { bytes: c.length, shape: large.outputs[i].shape.map(Number), first: c.readFloatLE(0),
+      last: c.readFloatLE(c.length - 4) };
+  } else {
+    out.large = large;
+  }
   client.close();
   process.stdout.write(JSON.stringify(out));
 }

@@ -42,8 +42,92 @@ def _typed_contents(t, datatype: str) -> bytes:
     return np.asarray(values, dtype=datatypes.NUMPY_OF[datatype]).tobytes()
 
 
-def decode_infer(msg: pb.ModelInferRequest) -> InferRequest:
-    raw = msg.raw_input_contents
+RAW_INPUT_CONTENTS = 7  # ModelInferRequest's field number of raw_input_contents
+SPLIT_MIN = 64 * 1024  # a request message this large is parsed without copying its raw contents
+
+
+class SplitRequest:
+    """A ModelInferRequest whose raw input contents were left where they arrived: `msg` holds the
+    rest of the message, `raw` a view of each raw_input_contents entry, in order."""
+
+    __slots__ = ("msg", "raw")
+
+    def __init__(self, msg: pb.ModelInferRequest, raw: list):
+        self.msg = msg
+        self.raw = raw
+
+
+def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = view[pos]  # IndexError past the end
+        value |= (b & 0x7F) << shift
+        pos += 1
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _split_raw(view: memoryview) -> tuple[bytes, list] | None:
+    """The message's top-level records without raw_input_contents (joined), and views of those
+    contents; None when the bytes are not a well-formed sequence of records."""
+    rest, raw = [], []
+    pos = start = 0
+    end = view.nbytes
+    try:
+        while pos < end:
+            tag, body = _read_varint(view, pos)
+            kind = tag & 7
+            if kind == 0:
+                _, after = _read_varint(view, body)
+            elif kind == 1:
+                after = body + 8
+            elif kind == 2:
+                length, body = _read_varint(view, body)
+                after = body + length
+            elif kind == 5:
+                after = body + 4
+            else:
+                return None
+            if after > end:
+                return None
+            if tag == RAW_INPUT_CONTENTS << 3 | 2:
+                rest.append(view[start:pos])
+                raw.append(view[body:after])
+                start = after
+            pos = after
+    except (IndexError, ValueError):
+        return None
+    rest.append(view[start:end])
+    return b"".join(rest), raw
+
+
+def parse_infer_request(data) -> pb.ModelInferRequest | SplitRequest:
+    """A ModelInferRequest from its bytes. A large one is parsed without its raw input contents,
+    which stay views of `data`: they are copied once, into the worker's memory, and never into
+    Python bytes or protobuf's own storage. Malformed bytes raise as protobuf's parser does."""
+    view = memoryview(data).cast("B")
+    if view.nbytes < SPLIT_MIN:
+        return pb.ModelInferRequest.FromString(view)
+    split = _split_raw(view)
+    if split is None:
+        return pb.ModelInferRequest.FromString(view)  # raises, as it should, for what is malformed
+    rest, raw = split
+    return SplitRequest(pb.ModelInferRequest.FromString(rest), raw)
+
+
+def request_message(request: pb.ModelInferRequest | SplitRequest) -> pb.ModelInferRequest:
+    """The protobuf message of a request, whichever way it was parsed (without raw contents when split)."""
+    return request.msg if isinstance(request, SplitRequest) else request
+
+
+def decode_infer(request: pb.ModelInferRequest | SplitRequest) -> InferRequest:
+    if isinstance(request, SplitRequest):
+        msg, raw = request.msg, request.raw
+    else:
+        msg, raw = request, request.raw_input_contents
     tensors = msg.inputs
     params_of = [parameters_dict(t.parameters) if t.parameters else {} for t in tensors]
     in_shm = ["shared_memory_region" in p for p in params_of]

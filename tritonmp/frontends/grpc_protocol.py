@@ -19,6 +19,8 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import http2
 from .grpc_codec import WireResponse
 from .inflate import TooLarge, inflate
@@ -58,6 +60,8 @@ class Method:
     request_type: type  # a protobuf message class
     handler: Callable[..., Awaitable | AsyncIterator]
     streaming: bool = False
+    # how a request message's bytes become what the handler takes (default: request_type.FromString)
+    parse: Callable | None = None
 
 
 ACCEPT_ENCODING = b"identity,deflate,gzip"
@@ -116,19 +120,26 @@ class _Compressed:
         self.payload = payload
 
 
+LARGE_MESSAGE = 64 * 1024  # a message this large is received into a buffer of its declared size
+
+
 class _Call(http2.StreamHandler):
     """One RPC on one HTTP/2 stream."""
 
-    __slots__ = ("conn", "stream", "method", "buffer", "messages", "task", "encoding", "timeout", "headers_sent",
-                 "max_message", "refused")
+    __slots__ = ("conn", "stream", "method", "head", "body", "filled", "compressed", "received", "messages", "task",
+                 "encoding", "timeout", "headers_sent", "max_message", "refused")
 
-    def __init__(self, conn: http2.Connection, stream: http2.Stream, method: Method, max_message: int = 64 << 20):
+    def __init__(self, conn: http2.Connection, stream: http2.Stream, method: Method, max_message: int = (1 << 31) - 1):
         self.max_message = max_message
         self.refused = False  # a message over the limit was announced: the rest of the call is dropped
         self.conn = conn
         self.stream = stream
         self.method = method
-        self.buffer = bytearray()
+        self.head = bytearray()  # the 5-byte prefix of the next message, as far as it has come
+        self.body: memoryview | None = None  # the message being received, of its declared length
+        self.filled = 0  # how much of it has come
+        self.compressed = 0
+        self.received: list = []  # a unary call's messages, parsed at its end
         self.messages: asyncio.Queue | None = None
         self.task: asyncio.Task | None = None
         self.encoding = stream.headers.get(b"grpc-encoding", b"identity")
@@ -140,35 +151,65 @@ class _Call(http2.StreamHandler):
 
     # ---- from the connection ----
 
-    def data(self, chunk: bytes) -> None:
-        if self.refused:
-            return
-        self.buffer += chunk
-        if self._refuse_oversized():
-            return
-        if self.messages is not None:
+    def data(self, chunk: memoryview) -> None:
+        """Messages are cut from the stream as it comes: each is copied once, from the
+        connection's receive buffer into one buffer of the length its prefix declares."""
+        view = chunk
+        while view.nbytes and not self.refused:
+            body = self.body
+            if body is not None:
+                n = min(view.nbytes, body.nbytes - self.filled)
+                body[self.filled:self.filled + n] = view[:n]
+                self.filled += n
+                view = view[n:]
+                if self.filled == body.nbytes:
+                    self.body = None
+                    self._received(body)
+                continue
+            head = self.head
+            if len(head) < 5:
+                take = 5 - len(head)
+                head += view[:take]
+                view = view[take:]
+                if len(head) < 5:
+                    return
+            length = int.from_bytes(head[1:5], "big")
+            self.compressed = head[0]
+            head.clear()
+            if length > self.max_message:  # refused before its bytes are buffered
+                self._refuse(f"Received message larger than max ({length} vs. {self.max_message})")
+                return
+            if length <= view.nbytes and length < LARGE_MESSAGE:
+                self._received(view[:length].tobytes())
+                view = view[length:]
+                continue
             try:
-                for message in self._complete_messages():
-                    self.messages.put_nowait(message)
-            except RpcError as e:
-                self.messages.put_nowait(e)
-            self._refuse_oversized()  # the next message, now at the buffer's head
+                self.body = memoryview(np.empty(length, np.uint8) if length >= LARGE_MESSAGE else bytearray(length))
+            except MemoryError:
+                self._refuse(f"no memory for a message of {length} bytes")
+                return
+            self.filled = 0
 
-    def _refuse_oversized(self) -> bool:
-        """End the call at once when the message at the buffer's head declares more than the limit,
-        before its bytes are buffered."""
-        if len(self.buffer) < 5:
-            return False
-        length = int.from_bytes(self.buffer[1:5], "big")
-        if length <= self.max_message:
-            return False
+    def _refuse(self, message: str) -> None:
+        """End the call with RESOURCE_EXHAUSTED and drop whatever else it sends."""
         self.refused = True
-        self.buffer = bytearray()
+        self.body = None
         if self.task is not None:
             self.task.cancel()
-        self._fail(Code.RESOURCE_EXHAUSTED, f"Received message larger than max ({length} vs. {self.max_message})")
+        self._fail(Code.RESOURCE_EXHAUSTED, message)
         self.conn.reset_stream(self.stream, http2.NO_ERROR)
-        return True
+
+    def _received(self, payload) -> None:
+        """A whole message: queued for a streaming call (parsed now, or inflated later by the call's
+        own task), kept until the end for a unary one."""
+        item = _Compressed(payload) if self.compressed else payload
+        if self.messages is None:
+            self.received.append(item if not self.received else None)  # only the first is kept
+            return
+        try:
+            self.messages.put_nowait(item if self.compressed else self._parse(payload))
+        except RpcError as e:
+            self.messages.put_nowait(e)
 
     def end(self) -> None:
         if self.refused:
@@ -177,35 +218,23 @@ class _Call(http2.StreamHandler):
             self.messages.put_nowait(_END)
             return
         try:
-            messages = list(self._complete_messages())
-            if self.buffer:
+            if self.body is not None or self.head:
                 raise RpcError(Code.INTERNAL, "the request ended inside a message")
-            if len(messages) != 1:
-                raise RpcError(Code.INTERNAL, f"a unary method takes one request message, got {len(messages)}")
+            if len(self.received) != 1:
+                raise RpcError(Code.INTERNAL, f"a unary method takes one request message, got {len(self.received)}")
+            item = self.received[0]
+            self.received = []  # the call's task holds the message from here; nothing else may
+            request = item if isinstance(item, _Compressed) else self._parse(item)
         except RpcError as e:
             self._fail(e.code, e.message)
             return
-        self.task = asyncio.get_running_loop().create_task(self._run(self._unary, messages[0]))
+        self.task = asyncio.get_running_loop().create_task(self._run(self._unary, request))
 
     def reset(self) -> None:
         if self.task is not None:
             self.task.cancel()
 
     # ---- messages ----
-
-    def _complete_messages(self):
-        buf = self.buffer
-        pos = 0
-        while len(buf) - pos >= 5:
-            length = int.from_bytes(buf[pos + 1:pos + 5], "big")
-            if len(buf) - pos - 5 < length:
-                break
-            payload = bytes(buf[pos + 5:pos + 5 + length])
-            compressed = buf[pos]
-            pos += 5 + length
-            # a compressed message is inflated later, in slices, by the call's own task
-            yield _Compressed(payload) if compressed else self._parse(payload)
-        del buf[:pos]
 
     async def _message(self, item):
         """A request message: parsed already, or inflated (bounded, in slices) and parsed now."""
@@ -223,9 +252,9 @@ class _Call(http2.StreamHandler):
         except zlib.error as e:
             raise RpcError(Code.INTERNAL, f"could not decompress the request: {e}") from None
 
-    def _parse(self, payload: bytes):
+    def _parse(self, payload):
         try:
-            return self.method.request_type.FromString(payload)
+            return (self.method.parse or self.method.request_type.FromString)(payload)
         except Exception:
             raise RpcError(Code.INTERNAL, "Unable to parse request") from None
 
@@ -304,7 +333,7 @@ class GrpcServer:
     """Serves `methods` (full paths such as `/inference.GRPCInferenceService/ModelInfer`)."""
 
     def __init__(self, methods: dict[str, Method], keepalive: http2.Keepalive | None = None, guard=None,
-                 max_message: int = 64 << 20, max_connections: int = 0):
+                 max_message: int = (1 << 31) - 1, max_connections: int = 0):
         """`guard(path, headers)` may refuse a call before it runs: it returns None, or the
         RpcError to end the call with. `max_message`: the largest request message, as received
         and as inflated."""

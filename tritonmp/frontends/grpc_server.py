@@ -39,7 +39,7 @@ CODE_OF = {
     Status.CANCELLED: Code.CANCELLED,
     Status.TOO_LARGE: Code.RESOURCE_EXHAUSTED,
 }
-DEFAULT_MAX_INPUT_SIZE = 64 << 20  # --grpc-max-input-size
+DEFAULT_MAX_INPUT_SIZE = (1 << 31) - 1  # --grpc-max-input-size: Triton's limit, INT32_MAX bytes
 
 
 class InferenceService:
@@ -132,9 +132,10 @@ class InferenceService:
             else:
                 await out.put(error(msg, e))
 
-        async def one(msg):
+        async def one(item):
+            msg = grpc_codec.request_message(item)
             try:
-                request = grpc_codec.decode_infer(msg)
+                request = grpc_codec.decode_infer(item)
                 send_empty = request.parameters.get(EMPTY_FINAL) is True
                 async for item in self.dp.infer_stream(request):
                     if isinstance(item, ServerError):  # one failed response; more may follow
@@ -231,8 +232,9 @@ def methods(service: InferenceService) -> dict[str, Method]:
     for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         handler = getattr(service, m.name)
         streaming = m.client_streaming or m.server_streaming
+        parse = grpc_codec.parse_infer_request if m.input_type.name == "ModelInferRequest" else None
         table[f"/{SERVICE}/{m.name}"] = Method(getattr(pb, m.input_type.name),
-                                               handler if streaming else _errors_to_status(handler), streaming)
+                                               handler if streaming else _errors_to_status(handler), streaming, parse)
     return table
 
 
@@ -242,7 +244,7 @@ def _grpcio_handler(method: Method, path: str, guard=None):
 
     def parse(data: bytes):
         try:
-            return method.request_type.FromString(data)
+            return (method.parse or method.request_type.FromString)(data)
         except Exception:
             raise RpcError(Code.INTERNAL, "Unable to parse request") from None
 

@@ -107,9 +107,11 @@ def _only_indexed(block: bytes) -> bool:
 class StreamHandler(Protocol):
     """What the application does with one request stream; the connection calls these in order:
     data() any number of times, then end() once the peer has finished sending, or reset() if the
-    stream is cancelled (by the peer, or by the connection closing) before the answer is sent."""
+    stream is cancelled (by the peer, or by the connection closing) before the answer is sent.
+    A DATA frame's payload may come in several pieces, each a view of the connection's receive
+    buffer that is valid only during the call: a handler copies what it keeps, and keeps no view."""
 
-    def data(self, chunk: bytes) -> None: ...
+    def data(self, chunk: memoryview) -> None: ...
 
     def end(self) -> None: ...
 
@@ -189,6 +191,9 @@ class Connection(asyncio.Protocol):
         self.write_paused = False
         self.resume_waiters: list[asyncio.Future] = []
         self.pending: list[bytes] = []  # frames written in this loop iteration, sent together at its end
+        self.data_left = 0  # bytes still to come of a DATA frame whose payload is handed on as it arrives
+        self.data_stream: Stream | None = None  # that frame's stream (None: its payload is dropped)
+        self.data_flags = 0
 
     def _write(self, data: bytes) -> None:
         """Frames go out once per loop iteration: the answers that complete together (a batch)
@@ -262,38 +267,29 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self.heard = asyncio.get_running_loop().time()
-        buf = self.buffer
-        buf += data
         try:
             if not self.preface_seen:
-                if len(buf) < len(PREFACE):
-                    if not PREFACE.startswith(bytes(buf)):
-                        raise ProtocolError("not an HTTP/2 connection preface")
+                if not self._preface(data):
                     return
-                if buf[:len(PREFACE)] != PREFACE:
-                    raise ProtocolError("not an HTTP/2 connection preface")
-                del buf[:len(PREFACE)]
-                self.preface_seen = True
-                if "preface" in self.timers:
-                    self.timers.pop("preface").cancel()
-            pos = 0
-            end = len(buf)
-            while end - pos >= 9:
-                length = buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2]
-                if length > RECV_FRAME_SIZE:
-                    raise ProtocolError(f"frame of {length} bytes exceeds the maximum frame size", FRAME_SIZE_ERROR)
-                if end - pos < 9 + length:
-                    break
-                kind = buf[pos + 3]
-                flags = buf[pos + 4]
-                stream_id = _U32.unpack_from(buf, pos + 5)[0] & 0x7FFFFFFF
-                payload = bytes(buf[pos + 9:pos + 9 + length])
-                pos += 9 + length
-                self._frame(kind, flags, stream_id, payload)
-                if self.closed:
+                data, self.buffer = bytes(self.buffer), bytearray()
+            view = memoryview(data)
+            if self.data_left:  # the rest of a DATA frame's payload, handed on as it arrives
+                n = min(self.data_left, view.nbytes)
+                self._data_part(view[:n])
+                view = view[n:]
+                if self.closed or not view.nbytes:
                     return
-            if pos:
-                del buf[:pos]
+            buf = self.buffer
+            if not buf:  # frames are read in place; an incomplete one is kept
+                used = self._frames(view)
+                if used < view.nbytes and not self.closed:
+                    buf += view[used:]
+            else:
+                buf += view
+                with memoryview(buf) as held:
+                    used = self._frames(held)
+                if not self.closed:
+                    del buf[:used]
         except ProtocolError as e:
             log.debug("HTTP/2 connection error: %s", e)
             self._goaway(e.code, str(e).encode())
@@ -305,6 +301,54 @@ class Connection(asyncio.Protocol):
             log.exception("HTTP/2 connection failed")
             self._goaway(INTERNAL_ERROR)
             self._close()
+
+    def _preface(self, data: bytes) -> bool:
+        """Whether the connection preface is complete (what follows it stays in the buffer)."""
+        buf = self.buffer
+        buf += data
+        if len(buf) < len(PREFACE):
+            if not PREFACE.startswith(bytes(buf)):
+                raise ProtocolError("not an HTTP/2 connection preface")
+            return False
+        if buf[:len(PREFACE)] != PREFACE:
+            raise ProtocolError("not an HTTP/2 connection preface")
+        del buf[:len(PREFACE)]
+        self.preface_seen = True
+        if "preface" in self.timers:
+            self.timers.pop("preface").cancel()
+        return True
+
+    def _frames(self, view: memoryview) -> int:
+        """Handle the complete frames at the start of `view`, and start handing on the payload of a
+        DATA frame that is still arriving; returns how many bytes were used. DATA payloads reach the
+        stream handlers as views of `view`, which they copy from before returning."""
+        pos = 0
+        end = view.nbytes
+        while end - pos >= 9:
+            length = view[pos] << 16 | view[pos + 1] << 8 | view[pos + 2]
+            if length > RECV_FRAME_SIZE:
+                raise ProtocolError(f"frame of {length} bytes exceeds the maximum frame size", FRAME_SIZE_ERROR)
+            kind = view[pos + 3]
+            flags = view[pos + 4]
+            stream_id = _U32.unpack_from(view, pos + 5)[0] & 0x7FFFFFFF
+            if end - pos < 9 + length:
+                if kind != DATA or flags & FLAG_PADDED:
+                    break
+                # a large DATA frame: its payload goes on in pieces, not gathered here first
+                self.data_stream = self._data_start(flags, stream_id, length)
+                self.data_flags = flags
+                self.data_left = length
+                self._data_part(view[pos + 9:end])
+                return end
+            payload = view[pos + 9:pos + 9 + length]
+            pos += 9 + length
+            if kind == DATA:
+                self._data(flags, stream_id, payload)
+            else:
+                self._frame(kind, flags, stream_id, bytes(payload))
+            if self.closed:
+                break
+        return pos
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -343,9 +387,7 @@ class Connection(asyncio.Protocol):
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self.continuing is not None and kind != CONTINUATION:
             raise ProtocolError("expected a CONTINUATION frame")
-        if kind == DATA:
-            self._data(flags, stream_id, payload)
-        elif kind == HEADERS:
+        if kind == HEADERS:
             self._headers(flags, stream_id, payload)
         elif kind == CONTINUATION:
             self._continuation(flags, stream_id, payload)
@@ -414,34 +456,59 @@ class Connection(asyncio.Protocol):
             return payload[1:len(payload) - payload[0]]
         return payload
 
-    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+    def _data(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        stream = self._data_start(flags, stream_id, len(payload))
+        if stream is None:
+            return
+        chunk = self._strip_padding(flags, payload)
+        if chunk:
+            stream.handler.data(chunk)
+        self._data_end(stream, flags)
+
+    def _data_start(self, flags: int, stream_id: int, length: int) -> Stream | None:
+        """Flow control and stream state for a DATA frame of `length` bytes; the stream its payload
+        goes to, or None when it is dropped."""
+        if self.continuing is not None:
+            raise ProtocolError("expected a CONTINUATION frame")
         if not stream_id:
             raise ProtocolError("DATA on stream 0")
-        self._consumed_connection(len(payload))
+        self._consumed_connection(length)
         stream = self.streams.get(stream_id)
         if stream is None:
             if stream_id > self.last_stream_id:
                 raise ProtocolError("DATA on an idle stream")
-            return  # a stream this side has closed or reset: ignored (RFC 9113 5.1)
+            return None  # a stream this side has closed or reset: ignored (RFC 9113 5.1)
         if stream.remote_closed:
             self._reset(stream_id, STREAM_CLOSED)
             self._drop(stream, notify=True)
-            return
-        chunk = self._strip_padding(flags, payload)
-        stream.recv_unacked += len(payload)
+            return None
+        stream.recv_unacked += length
         if stream.recv_unacked > RECV_STREAM_WINDOW:
             self._reset(stream_id, FLOW_CONTROL_ERROR)
             self._drop(stream, notify=True)
-            return
-        if flags & FLAG_END_STREAM:
-            stream.remote_closed = True
-        elif stream.recv_unacked >= RECV_STREAM_WINDOW // 2:
+            return None
+        if not flags & FLAG_END_STREAM and stream.recv_unacked >= RECV_STREAM_WINDOW // 2:
             self._write(frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(stream.recv_unacked)))
             stream.recv_unacked = 0
-        if chunk:
+        return stream
+
+    def _data_part(self, chunk: memoryview) -> None:
+        """A piece of the DATA frame being handed on as it arrives."""
+        self.data_left -= chunk.nbytes
+        stream = self.data_stream
+        if stream is None:
+            return
+        if chunk.nbytes:
             stream.handler.data(chunk)
-        if flags & FLAG_END_STREAM and stream.handler is not None:
-            stream.handler.end()
+        if not self.data_left:
+            self.data_stream = None
+            self._data_end(stream, self.data_flags)
+
+    def _data_end(self, stream: Stream, flags: int) -> None:
+        if flags & FLAG_END_STREAM:
+            stream.remote_closed = True
+            if stream.handler is not None:
+                stream.handler.end()
 
     def _consumed_connection(self, n: int) -> None:
         self.recv_unacked += n
