@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2 as pb
 
 from conftest import add_inputs, http_request
@@ -156,6 +157,54 @@ def _closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") ->
     raise AssertionError(f"the server kept the connection open for {seconds} s")
 
 
+def _http_responses(sock: socket.socket, n: int) -> list[tuple[int, bytes]]:
+    """The next `n` responses (status, body) on a keep-alive connection; bodies have a Content-Length."""
+    buf, out = b"", []
+    while len(out) < n:
+        chunk = sock.recv(1 << 20)
+        assert chunk, f"connection closed after {out}"
+        buf += chunk
+        while (end := buf.find(b"\r\n\r\n")) >= 0:
+            head = buf[:end].decode("latin-1").lower()
+            length = int(head.split("content-length:")[1].split("\r\n")[0])
+            if len(buf) < end + 4 + length:
+                break
+            out.append((int(head.split()[1]), buf[end + 4:end + 4 + length]))
+            buf = buf[end + 4 + length:]
+    return out
+
+
+def test_large_http_bodies_compressed_pipelined_or_cut_short(server):
+    """Bodies of 64 KiB and more are received into one buffer of their declared length: gzip
+    bodies, a large body followed at once by more requests on the same connection, and a body cut
+    short by a client that goes away all behave as small bodies do."""
+    from test_datatypes import TYPES
+
+    big = np.arange(1 << 18, dtype=np.float32)  # 1 MiB
+    client = httpclient.InferenceServerClient(server.url)
+    inputs = []
+    for dt, value in dict(TYPES, FP32=big).items():
+        inputs.append(httpclient.InferInput(f"IN_{dt}", list(value.shape), dt))
+        inputs[-1].set_data_from_numpy(value)
+    for compression in (None, "gzip", None):
+        result = client.infer("identity", inputs, request_compression_algorithm=compression)
+        np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), big)
+    add = (b'{"inputs": [{"name": "A", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}, '
+           b'{"name": "B", "datatype": "FP32", "shape": [1, 3], "data": [1, 1, 1]}]}')
+    padded = add + b" " * 100_000  # JSON whitespace: a large body
+    request = b"POST /v2/models/add_py/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as s:
+        s.sendall(request % len(padded) + padded + request % len(add) + add
+                  + b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+        (s1, b1), (s2, b2), (s3, _) = _http_responses(s, 3)
+    assert (s1, s2, s3) == (200, 200, 200)
+    assert b'"data":[2.0,3.0,4.0]' in b1 and b'"data":[2.0,3.0,4.0]' in b2
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as s:
+        s.sendall(request % (1 << 20) + b" " * 200_000)  # then the client goes
+    result = client.infer("identity", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), big)
+
+
 @pytest.fixture
 def strict_server(start_server, example_repo):
     return start_server([example_repo], "--http-header-timeout-secs=1", "--http-body-timeout-secs=1",
@@ -170,16 +219,19 @@ def test_slow_headers_stalled_bodies_and_silent_connections_are_closed(strict_se
     trickling.sendall(b"POST /v2/models/add_py/infer HTTP/1.1\r\nHost: x\r\n")
     stalled = socket.create_connection(("127.0.0.1", port))
     stalled.sendall(b"POST /v2/models/add_py/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"inp")
+    stalled_large = socket.create_connection(("127.0.0.1", port))  # a body received into a buffer of its length
+    stalled_large.sendall(b"POST /v2/models/add_py/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n"
+                          + b" " * 100_000)
     grpc_silent = socket.create_connection(("127.0.0.1", server.grpc_port))
     try:
         a = np.ones((1, 3), np.float32)
         client = grpcclient.InferenceServerClient(server.grpc_url)
         assert client.infer("add", add_inputs(grpcclient, a)) is not None  # others are served meanwhile
         assert _closed_within(trickling, 10, b"X-Slow: 1\r\n") < 5  # trickling headers does not extend it
-        for sock in (silent, stalled, grpc_silent):
+        for sock in (silent, stalled, stalled_large, grpc_silent):
             assert _closed_within(sock, 10) < 5
     finally:
-        for sock in (silent, trickling, stalled, grpc_silent):
+        for sock in (silent, trickling, stalled, stalled_large, grpc_silent):
             sock.close()
     assert server.get("/v2/health/ready")[0] == 200
 

@@ -12,6 +12,7 @@ from .. import datatypes
 from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..errors import invalid
 
+LARGE_OUTPUT = 64 * 1024  # a binary output this large is written from its own buffer, never joined
 
 def decode_raw(body: bytes, model: str, version: str, inputs: dict, max_batch_size: int) -> InferRequest:
     """Triton's raw binary request (Inference-Header-Content-Length: 0): the whole body is the one
@@ -171,8 +172,10 @@ def _json_values(t: Tensor):
 
 
 def encode_infer(response: InferResponse, request: InferRequest,
-                 default_binary: bool = False) -> tuple[bytes, int | None]:
-    """The response body and, when it carries binary tensors, the JSON header's length."""
+                 default_binary: bool = False) -> tuple[bytes | list, int | None]:
+    """The response body and, when it carries binary tensors, the JSON header's length. With a
+    binary output of LARGE_OUTPUT bytes or more, the body is a list of parts to be written in turn:
+    the JSON header, then each output's own buffer (a view of the worker's arena), never joined."""
     wanted = {o.name: o.parameters for o in request.outputs} if request.outputs is not None else None
     outputs = []
     blobs = []
@@ -182,9 +185,9 @@ def encode_infer(response: InferResponse, request: InferRequest,
         if t.data is None:
             pass  # written into the client's shared-memory region
         elif params.get("binary_data", default_binary):
-            size = t.data.nbytes if isinstance(t.data, memoryview) else len(t.data)
-            entry["parameters"] = {"binary_data_size": size}
-            blobs.append(t.data)
+            blob = memoryview(t.data).cast("B") if isinstance(t.data, memoryview) else t.data
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
         else:
             entry["data"] = _json_values(t)
         outputs.append(entry)
@@ -199,4 +202,6 @@ def encode_infer(response: InferResponse, request: InferRequest,
     head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return head, None
+    if any(len(b) >= LARGE_OUTPUT for b in blobs):
+        return [head, *blobs], len(head)
     return b"".join([head, *blobs]), len(head)

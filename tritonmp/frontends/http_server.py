@@ -18,6 +18,7 @@ from .. import __version__
 from ..dataplane import EXTENSIONS, Dataplane
 from ..errors import ServerError, invalid, too_large, unsupported
 from . import generate, http_codec, json_offload
+from .http_protocol import BODY_KEY, ReceivedBody
 from .inflate import TooLarge, inflate
 from .restricted import HTTP_GROUP, Restrictions, http_message
 
@@ -57,10 +58,14 @@ ROUTES = [
 ]
 
 
-async def _send(send, status: int, body: bytes, headers=_JSON) -> None:
+async def _send(send, status: int, body: bytes | list, headers=_JSON) -> None:
+    """A response whose body is bytes, or a list of parts (bytes-like, of bytes) written in turn."""
+    parts = body if isinstance(body, list) else (body,)
     await send({"type": "http.response.start", "status": status,
-                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+                "headers": [*headers, (b"content-length", str(sum(len(p) for p in parts)).encode())]})
+    last = len(parts) - 1
+    for i, part in enumerate(parts):
+        await send({"type": "http.response.body", "body": part, "more_body": i < last})
 
 
 async def _with_data(stream):
@@ -68,6 +73,25 @@ async def _with_data(stream):
     async for item in stream:
         if isinstance(item, ServerError) or not item.empty:
             yield item
+
+
+def _whole_body(receive, received: ReceivedBody):
+    """`receive` for a request whose body the protocol receives into one buffer: its own ASGI
+    messages are empty and only say when the body is complete; then the one message is the whole
+    body, as a view of that buffer."""
+
+    async def whole():
+        while True:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+        if message["type"] == "http.request":
+            if not received.done:
+                return {"type": "http.disconnect"}
+            message = {"type": "http.request", "body": received.view, "more_body": False}
+        return message
+
+    return whole
 
 
 def _error_body(message: str) -> bytes:
@@ -88,9 +112,10 @@ class HttpApp:
         return too_large(f"{what} of {size} bytes exceeds the maximum allowed value of {self.max_input_size} "
                          "bytes; use --http-max-input-size to raise the limit")
 
-    async def _read_body(self, receive) -> bytes:
+    async def _read_body(self, receive) -> bytes | memoryview:
         """The whole body, refused with 413 as soon as it passes the limit (a declared
-        Content-Length over it is refused before anything is read)."""
+        Content-Length over it is refused before anything is read); a view when the protocol
+        received it into one buffer (see `_whole_body`)."""
         chunks = []
         size = 0
         more = True
@@ -108,7 +133,7 @@ class HttpApp:
 
     async def _json_body(self, receive) -> dict:
         """A request body that is a JSON object, or {} when empty."""
-        body = await self._read_body(receive)
+        body = bytes(await self._read_body(receive))
         return http_codec.json_object(body) if body.strip() else {}
 
     async def _inflate(self, body: bytes, encoding: str) -> bytes:
@@ -138,6 +163,9 @@ class HttpApp:
             return
         path = scope["path"]
         method = scope["method"]
+        received = scope.get(BODY_KEY)
+        if received is not None:
+            receive = _whole_body(receive, received)
         try:
             for key, value in scope["headers"]:
                 if key == b"content-length" and value.isdigit() and int(value) > self.max_input_size:
@@ -207,7 +235,7 @@ class HttpApp:
         return generate.decode(doc, model, version or "", mv.inputs, mv.max_batch_size)
 
     async def generate(self, receive, send, model: str, version: str | None) -> None:
-        request = self._generate_request(generate.parse(await self._read_body(receive)), model, version)
+        request = self._generate_request(generate.parse(bytes(await self._read_body(receive))), model, version)
         responses = []
         async for item in self.dp.infer_stream(request):
             if isinstance(item, ServerError):
@@ -221,7 +249,7 @@ class HttpApp:
 
     async def generate_stream(self, receive, send, model: str, version: str | None) -> None:
         """Server-sent events, one `data:` line per response; an error ends the stream as an event."""
-        request = self._generate_request(generate.parse(await self._read_body(receive)), model, version)
+        request = self._generate_request(generate.parse(bytes(await self._read_body(receive))), model, version)
         stream = _with_data(self.dp.infer_stream(request))
         try:  # errors before any response still get a status code
             first = await anext(stream, None)
@@ -348,7 +376,7 @@ class HttpApp:
         if json_length is not None:
             headers.append((b"inference-header-content-length", str(json_length).encode()))
         if accept_encoding:
-            out, used = http_codec.compress(out, accept_encoding)
+            out, used = http_codec.compress(out if isinstance(out, bytes) else b"".join(out), accept_encoding)
             if used:
                 headers.append((b"content-encoding", used.encode()))
         await _send(send, 200, out, headers)

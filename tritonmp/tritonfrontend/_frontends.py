@@ -127,9 +127,10 @@ class _Service:
         sock.listen(4096)
         return sock
 
-    def _serve_asgi(self, app, limits: Limits, graceful_timeout: float | None = None
+    def _serve_asgi(self, app, limits: Limits, graceful_timeout: float | None = None, max_body: int = 0
                     ) -> tuple[uvicorn.Server, asyncio.Task]:
-        config = uvicorn.Config(app, loop="none", http=protocol_class(limits), lifespan="off", access_log=False,
+        config = uvicorn.Config(app, loop="none", http=protocol_class(limits, max_body), lifespan="off",
+                                access_log=False,
                                 log_level="warning", timeout_keep_alive=limits.keepalive_timeout,
                                 timeout_graceful_shutdown=graceful_timeout)
         server = _Uvicorn(config)
@@ -191,7 +192,7 @@ class KServeHttp(_Service):
         o = self.options
         restrictions = _restrictions(o.restricted_features, "restricted_features")
         return self._serve_asgi(HttpApp(core.dataplane, restrictions, o.max_input_size), o.limits,
-                                o.graceful_timeout)
+                                o.graceful_timeout, max_body=o.max_input_size)
 
     _stop = staticmethod(_Service._stop_asgi)
 
