@@ -45,8 +45,8 @@ EOF
 
 
 "$py" -m tritonmp --model-repository "$work/repo" --http-port "$mp_http" --grpc-port "$mp_grpc" \
-  --metrics-port "$mp_metrics" --allow-client-shm=true --grpc-max-input-size $((512 << 20)) \
-  --http-max-input-size $((512 << 20)) ${TRITONMP_ARGS:-} >"$work/tritonmp.log" 2>&1 &
+  --metrics-port "$mp_metrics" --allow-client-shm=true --http-max-input-size $((512 << 20)) \
+  ${TRITONMP_ARGS:-} >"$work/tritonmp.log" 2>&1 &
 mp_pid=$!
 pids+=($mp_pid)
 "$anchors_dir/bin/tritonserver-ref" --model-repository "$work/repo" --http-port "$ref_http" \
