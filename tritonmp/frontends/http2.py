@@ -37,7 +37,10 @@ SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_
 MAX_WINDOW = (1 << 31) - 1
 DEFAULT_WINDOW = 65535
 DEFAULT_FRAME_SIZE = 16384
-# what this server asks of its peers
+# what this server asks of its peers. Chosen on measurement (perf_analyzer, gRPC, FP32 A + B -> C on a
+# 2-core machine): with HTTP/2's 64 KiB window and 16 KiB frames a 64 MiB request ran 1.5/s; with a
+# 1 MiB window 3.7/s; with 16 MiB and 1 MiB frames 4.0/s (4 MiB at concurrency 4: 72, 85, 98/s); a
+# 64 MiB window or 16 MiB frames gained nothing beyond the noise, and the larger window raised p99.
 RECV_STREAM_WINDOW = 1 << 24
 RECV_CONNECTION_WINDOW = 1 << 30
 RECV_FRAME_SIZE = 1 << 20
