@@ -34,6 +34,23 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
                 for r in requests]
 """
+MARK = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    \"\"\"Y = X; then X[0] = -1 where the input is writable: a mark left in the memory it was read from.\"\"\"
+
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array(x))]))
+            if x.flags.writeable:
+                x[0] = -1
+        return responses
+"""
 ECHO_IO = {"input": [{"name": "X", "data_type": "TYPE_STRING", "dims": [-1]}],
            "output": [{"name": "Y", "data_type": "TYPE_STRING", "dims": [-1]}]}
 
@@ -44,9 +61,12 @@ def server(example_repo, tmp_path_factory):
     write_model(own, "echo", ECHO, 'backend: "python"\nmax_batch_size: 0\n'
                 'input [ { name: "X", data_type: TYPE_STRING, dims: [ -1 ] } ]\n'
                 'output [ { name: "Y", data_type: TYPE_STRING, dims: [ -1 ] } ]\n')
+    write_model(own, "mark", MARK, 'backend: "python"\nmax_batch_size: 0\n'
+                'input [ { name: "X", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+                'output [ { name: "Y", data_type: TYPE_FP32, dims: [ -1 ] } ]\n')
     s = tritonserver.Server(model_repository=[str(example_repo), str(TEST_MODELS), str(own)],
                             model_control_mode=tritonserver.ModelControlMode.EXPLICIT,
-                            startup_models=["add", "add_py", "repeat", "ticker", "crash", "echo", "accumulate"])
+                            startup_models=["add", "add_py", "repeat", "ticker", "crash", "echo", "accumulate", "mark"])
     s.start(wait_until_ready=True, timeout=120)
     yield s
     s.stop()
@@ -195,6 +215,31 @@ def _drain_within(responses, seconds: float) -> list:
     assert not taker.is_alive(), "the response iterator never ended"
     return got
 
+
+
+def test_shared_arrays_are_read_in_place_by_the_workers(server):
+    """An input in a Server.shared_array reaches the worker without a copy: the model's mark in
+    its input shows in the caller's array, which an ordinary array's copy never shows."""
+    shared = server.shared_array(8, np.float32)
+    shared[:] = np.arange(8)
+    (response,) = server.model("mark").infer(inputs={"X": shared[2:6]})  # a slice: its own place in the memory
+    np.testing.assert_array_equal(np.from_dlpack(response.outputs["Y"]), [2, 3, 4, 5])
+    np.testing.assert_array_equal(shared, [0, 1, -1, 3, 4, 5, 6, 7])
+    ordinary = np.arange(4, dtype=np.float32)
+    server.model("mark").infer(inputs={"X": ordinary})
+    np.testing.assert_array_equal(ordinary, [0, 1, 2, 3])  # copied once: the mark stayed in the copy
+    a, b = server.shared_array((2, 3)), server.shared_array((2, 6))
+    a[:], b[:, ::2] = 1, [[1, 2, 3], [4, 5, 6]]
+    (response,) = server.model("add").infer(inputs={"A": a, "B": b[:, ::2]})  # B not contiguous: copied
+    np.testing.assert_array_equal(np.from_dlpack(response.outputs["C"]), [[2, 3, 4], [5, 6, 7]])
+    fd = int(server._shared.ref(a).key.rsplit("/", 1)[1])
+    del a, response
+    import gc
+
+    gc.collect()
+    assert not os.path.exists(f"/proc/self/fd/{fd}") or os.readlink(f"/proc/self/fd/{fd}").find("shared-array") < 0
+    with pytest.raises(tritonserver.InvalidArgumentError):
+        server.shared_array(3, object)
 
 def test_sequences_priorities_and_timeouts_reach_the_scheduler(server):
     sums = []

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from .classification import class_count, classify
 from .core import InferRequest, InferResponse
 from .errors import ServerError, invalid, unavailable, unsupported
-from .ipc.shm_registry import SharedMemoryRegistry
+from .ipc.shm_registry import SharedMemoryRegistry, ShmRef
 from .observability.log_settings import LogSettings
 from .observability.tracing import Tracer
 from .repository import config as cfg
@@ -221,6 +221,8 @@ class Dataplane:
             ref = self.shm.resolve_parameters(t.parameters) if t.parameters else None
             if ref is not None:
                 t.data, uses_shm = ref, True
+            elif isinstance(t.data, ShmRef):  # an in-process caller's shared array
+                uses_shm = True
         for o in request.outputs or ():
             if o.parameters:
                 o.shm = self.shm.resolve_parameters(o.parameters)

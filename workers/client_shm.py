@@ -39,15 +39,18 @@ class ClientRegions:
 
     def _open(self, key: str, region_id: int) -> tuple[mmap.mmap, memoryview, int]:
         try:
-            shm = posix_ipc.SharedMemory(key)
-        except (posix_ipc.ExistentialError, posix_ipc.PermissionsError) as e:
+            if key.startswith("/proc/"):  # an in-process caller's shared array: a descriptor of its process
+                fd = os.open(key, os.O_RDWR | os.O_CLOEXEC)
+            else:
+                fd = posix_ipc.SharedMemory(key).fd
+        except (posix_ipc.ExistentialError, posix_ipc.PermissionsError, OSError) as e:
             raise ValueError(f"Unable to open shared memory region: '{key}': {e}") from None
         try:
-            mapping = mmap.mmap(shm.fd, shm.size)
+            mapping = mmap.mmap(fd, os.fstat(fd).st_size)
         except (OSError, ValueError) as e:
-            shm.close_fd()
+            os.close(fd)
             raise ValueError(f"Unable to map shared memory region: '{key}': {e}") from None
-        entry = (mapping, memoryview(mapping), shm.fd)  # the descriptor stays open, to check the size at each use
+        entry = (mapping, memoryview(mapping), fd)  # the descriptor stays open, to check the size at each use
         self._maps[(key, region_id)] = entry
         while len(self._maps) > MAX_MAPPINGS:
             _, (old_map, old_view, old_fd) = self._maps.popitem(last=False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import posix_ipc
 
@@ -20,6 +20,11 @@ from ..errors import ServerError, Status, invalid, not_found
 
 _ids = itertools.count(1)
 IPC_HANDLE_SIZE = 64
+
+
+def new_region_id() -> int:
+    """A registration id no other region of this process has (workers key their mappings by it)."""
+    return next(_ids)
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,8 @@ class Region:
 
 @dataclass(frozen=True)
 class ShmRef:
-    """A window of a registered region that holds (or will hold) one tensor's bytes."""
+    """A window of a registered region that holds (or will hold) one tensor's bytes; or of an
+    in-process caller's shared array (tritonserver/_shared.py), whose key is a /proc fd path."""
 
     region: str
     key: str
@@ -45,6 +51,7 @@ class ShmRef:
     region_id: int
     raw_handle: bytes = b""  # set for a CUDA region
     device_id: int = -1
+    owner: object = field(default=None, compare=False, repr=False)  # what keeps the memory alive meanwhile
 
 
 def _segment_size(key: str) -> int:
@@ -81,7 +88,7 @@ class SharedMemoryRegistry:
             if any(r.key == key for r in self.regions.values()):  # Triton checks against its mapping of the key
                 raise ServerError(f"Invalid shared memory region: '{key}'", Status.INTERNAL)
             raise invalid(f"failed to register shared memory region '{name}': invalid args")
-        self.regions[name] = Region(name, key, offset, byte_size, next(_ids))
+        self.regions[name] = Region(name, key, offset, byte_size, new_region_id())
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int,
                       gpus: list[int]) -> None:
@@ -96,7 +103,7 @@ class SharedMemoryRegistry:
                           f"(visible: {gpus})")
         if byte_size <= 0:
             raise invalid(f"CUDA shared memory region '{name}' needs a byte_size > 0")
-        self.regions[name] = Region(name, "", 0, byte_size, next(_ids), "cuda", bytes(raw_handle), device_id)
+        self.regions[name] = Region(name, "", 0, byte_size, new_region_id(), "cuda", bytes(raw_handle), device_id)
 
     def unregister(self, name: str = "", kind: str = "system") -> None:
         """Forget one region of `kind` (no error if unknown, as Triton), or all of that kind."""

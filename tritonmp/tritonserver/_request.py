@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import core, datatypes
 from ._errors import InvalidArgumentError, UnsupportedError
+from ._shared import SharedArrays
 from ._tensor import DataType, DLDeviceType, MemoryType, Tensor
 
 if TYPE_CHECKING:
@@ -58,7 +59,8 @@ class InferenceRequest:
             parameters["priority"] = self.priority
         if self.timeout:
             parameters["timeout"] = self.timeout
-        inputs = [_core_tensor(name, Tensor._from_object(value)) for name, value in self.inputs.items()]
+        shared = self.model._server._shared
+        inputs = [_core_tensor(name, Tensor._from_object(value), shared) for name, value in self.inputs.items()]
         version = "" if self.model.version in (-1, None) else str(self.model.version)
         return core.InferRequest(self.model.name, version, self.request_id or "", inputs, None, parameters)
 
@@ -70,16 +72,17 @@ def _is_gpu(memory) -> bool:
     return type(kind) in (MemoryType, DLDeviceType) and int(kind) == 2  # MemoryType.GPU, kDLCUDA
 
 
-def _core_tensor(name: str, tensor: Tensor) -> core.Tensor:
-    """An input as the core takes it: a view of the caller's array (copied only where it is not
-    contiguous); BYTES serialized into Triton's length-prefixed layout."""
+def _core_tensor(name: str, tensor: Tensor, shared: SharedArrays) -> core.Tensor:
+    """An input as the core takes it: where a shared array holds it, the place (the worker reads it
+    there); else a view of the caller's array (copied only where it is not contiguous). BYTES are
+    serialized into Triton's length-prefixed layout."""
     array = tensor._array
     if tensor.data_type == DataType.BYTES:
         data = datatypes.serialize_bytes(array)
     else:
         if tensor.data_type == DataType.BF16:
             raise UnsupportedError("BF16 tensors are not supported by this server's in-process API yet")
-        data = memoryview(np.ascontiguousarray(array)).cast("B")
+        data = shared.ref(array) or memoryview(np.ascontiguousarray(array)).cast("B")
     return core.Tensor(name, tensor.data_type.name, [int(d) for d in array.shape], data)
 
 

@@ -16,6 +16,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..errors import ServerError
 from ..observability.log_settings import LogSettings
 from ..repository.model_manager import ServerOptions
@@ -23,6 +25,7 @@ from ..scheduling.response_cache import ResponseCache
 from ._engine import Engine
 from ._errors import InternalError, InvalidArgumentError, UnavailableError, UnsupportedError, from_server_error
 from ._model import Model
+from ._shared import SharedArrays
 
 
 class ModelControlMode(enum.IntEnum):
@@ -133,6 +136,7 @@ class Server:
             options = dataclasses.replace(options, **kwargs)
         self.options = options
         self._engine: Engine | None = None
+        self._shared = SharedArrays()
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, wait_until_ready: bool = False, polling_interval: float = 0.1,
@@ -204,6 +208,16 @@ class Server:
             return self._engine.call(coro_fn(*args))
         except ServerError as e:
             raise from_server_error(e) from None
+
+    def shared_array(self, shape, dtype=np.float32) -> np.ndarray:
+        """A numpy array (zeros) in memory that models' workers read in place: given as an input,
+        whole or as a contiguous slice, it is not copied at all (an ordinary array is copied once).
+        tritonmp's own, beside Triton's API. Fill it before a request and leave it unchanged until
+        the response; reuse it across requests. It is freed when its last view is gone."""
+        try:
+            return self._shared.allocate(shape, dtype)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError(str(e)) from None
 
     # -- the server ------------------------------------------------------------------------
     def live(self) -> bool:
