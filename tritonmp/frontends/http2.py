@@ -490,7 +490,9 @@ class Connection(asyncio.Protocol):
             self._reset(stream_id, FLOW_CONTROL_ERROR)
             self._drop(stream, notify=True)
             return None
-        if not flags & FLAG_END_STREAM and stream.recv_unacked >= RECV_STREAM_WINDOW // 2:
+        if flags & FLAG_END_STREAM:
+            stream.remote_closed = True  # the peer sends no more than this frame
+        elif stream.recv_unacked >= RECV_STREAM_WINDOW // 2:
             self._write(frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(stream.recv_unacked)))
             stream.recv_unacked = 0
         return stream
@@ -508,10 +510,8 @@ class Connection(asyncio.Protocol):
             self._data_end(stream, self.data_flags)
 
     def _data_end(self, stream: Stream, flags: int) -> None:
-        if flags & FLAG_END_STREAM:
-            stream.remote_closed = True
-            if stream.handler is not None:
-                stream.handler.end()
+        if flags & FLAG_END_STREAM and stream.handler is not None:
+            stream.handler.end()
 
     def _consumed_connection(self, n: int) -> None:
         self.recv_unacked += n
