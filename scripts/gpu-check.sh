@@ -6,8 +6,8 @@
 # Builds .venv-gpu with the gpu, tensorrt and torch extras (onnxruntime-gpu in place of onnxruntime,
 # nvidia-ml-py, cuda-python, tensorrt, torch), builds the example repository, and runs the tests
 # marked `gpu`: CUDA shared memory, KIND_GPU placement, the TensorRT backend, onnxruntime's TensorRT
-# provider, python models' GPU tensors. Where a wheel directory .whl/ exists (a machine without a
-# package index), it installs from there.
+# provider, python models' GPU tensors, the in-process API's GPU tensors. Where a wheel directory
+# .whl/ exists (a machine without a package index), it installs from there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L; then

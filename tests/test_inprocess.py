@@ -3,6 +3,7 @@
 models, errors are Triton's classes, and nothing is left behind when the program ends."""
 
 import asyncio
+import ctypes
 import json
 import os
 import queue
@@ -19,6 +20,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tritonmp import tritonfrontend, tritonserver
+from tritonmp.gpus import visible_gpus
+from tritonmp.tritonserver import _dlpack, _gpu
 
 from conftest import EXAMPLE_REPO, ROOT, TEST_MODELS, free_ports, shm_segments, wait_for, write_model
 
@@ -241,6 +244,127 @@ def test_shared_arrays_are_read_in_place_by_the_workers(server):
     with pytest.raises(tritonserver.InvalidArgumentError):
         server.shared_array(3, object)
 
+def test_dlpack_capsules_made_and_taken_here_round_trip_through_numpy_and_torch():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    borrowed = _dlpack.borrow(a.__dlpack__())
+    assert (borrowed.pointer, borrowed.device, borrowed.shape, borrowed.dtype) == (a.ctypes.data, (1, 0), (3, 4),
+                                                                                   np.float32)
+    borrowed.release()
+    borrowed.release()  # once only
+    with pytest.raises(ValueError, match="not contiguous"):
+        _dlpack.borrow(np.asfortranarray(a).__dlpack__())
+    before = _dlpack.exported_count()
+    took = np.from_dlpack(_Producer(a, device=1))
+    np.testing.assert_array_equal(took, a)
+    assert took.ctypes.data == a.ctypes.data and _dlpack.exported_count() == before + 1
+    del took
+    assert _dlpack.exported_count() == before  # the consumer's deleter released the owner
+    unused = _Producer(a, device=1).__dlpack__()
+    del unused  # never consumed: the capsule's destructor releases the owner
+    assert _dlpack.exported_count() == before
+    torch = pytest.importorskip("torch")
+    np.testing.assert_array_equal(torch.from_dlpack(_Producer(a, device=1)).numpy(), a)
+    assert _dlpack.exported_count() == before
+    t = torch.arange(6, dtype=torch.int64).reshape(2, 3)
+    from_torch = _dlpack.borrow(t.__dlpack__())
+    assert (from_torch.pointer, from_torch.shape, from_torch.dtype) == (t.data_ptr(), (2, 3), np.int64)
+    from_torch.release()
+
+
+class _Producer:
+    """A DLPack producer over a host array, claiming any device: what a GPU library's tensor looks
+    like to the API, for the host-memory CUDA below."""
+
+    def __init__(self, array, device=2, numpys=False):
+        self.array, self.device, self.numpys, self.streams = array, device, numpys, []
+
+    def __dlpack__(self, stream=None, **_):
+        self.streams.append(stream)
+        if self.numpys:  # numpy's own capsule, with its strides
+            return self.array.__dlpack__()
+        return _dlpack.export(self.array.ctypes.data, (self.device, 0), self.array.shape, self.array.dtype, self.array)
+
+    def __dlpack_device__(self):
+        return self.device, 0
+
+
+class _HostMemoryCuda:
+    """The CUDA runtime calls of the in-process API, done in host memory: the API's own GPU logic
+    (borrowing, copies, export, release) runs on machines without a GPU; test_torch_gpu_tensors_*
+    runs it on the real runtime."""
+
+    def __init__(self):
+        self.live = {}
+
+    def set_device(self, device):
+        assert device == 0
+
+    def malloc(self, nbytes):
+        buffer = ctypes.create_string_buffer(max(nbytes, 1))
+        self.live[ctypes.addressof(buffer)] = buffer
+        return ctypes.addressof(buffer)
+
+    def free(self, pointer):
+        del self.live[pointer]
+
+    def copy(self, dst, src, nbytes):
+        ctypes.memmove(dst, src, nbytes)
+
+
+def test_gpu_tensors_in_and_out_on_a_host_memory_cuda(server, monkeypatch):
+    cuda = _HostMemoryCuda()
+    monkeypatch.setattr(_gpu, "_runtime", cuda)
+    before = _dlpack.exported_count()
+    a = _Producer(np.array([[1.0, 2.0, 3.0]], np.float32))
+    tensor = tritonserver.Tensor.from_dlpack(a)
+    assert (tensor.memory_type, tensor.memory_type_id, tensor.data_ptr) == (tritonserver.MemoryType.GPU, 0,
+                                                                           a.array.ctypes.data)
+    assert a.streams == [1] and _dlpack.exported_count() == before + 1  # borrowed, not copied
+    for memory in ("gpu", "cuda:0", tritonserver.MemoryType.GPU, (tritonserver.DLDeviceType.kDLCUDA, 0)):
+        (response,) = server.model("add").infer(inputs={"A": a, "B": tensor}, output_memory_type=memory)
+        c = response.outputs["C"]
+        assert c.memory_type == tritonserver.MemoryType.GPU and c.__dlpack_device__() == (2, 0)
+        assert c.data_ptr in cuda.live
+        np.testing.assert_array_equal(np.from_dlpack(c.to_host()), [[2.0, 4.0, 6.0]])
+        taken = _dlpack.borrow(c.__dlpack__())  # a GPU library's view of the output
+        assert taken.pointer == c.data_ptr and taken.device == (2, 0)
+        del response, c
+        assert len(cuda.live) == 1  # the consumer's reference keeps the memory
+        taken.release()
+        assert not cuda.live
+    del tensor
+    assert _dlpack.exported_count() == before  # every borrowed input handed back
+    moved = tritonserver.Tensor.from_dlpack(ONES).to_device("gpu:0")
+    assert moved.memory_type == tritonserver.MemoryType.GPU and moved.to_device("cuda") is moved
+    np.testing.assert_array_equal(np.from_dlpack(moved.to_device("cpu")), ONES)
+    del moved
+    assert not cuda.live
+    (text,) = server.model("echo").infer(inputs={"X": ["a"]}, output_memory_type="gpu")
+    assert text.outputs["Y"].memory_type == tritonserver.MemoryType.CPU  # BYTES stay in host memory
+    with pytest.raises(tritonserver.InvalidArgumentError, match="not contiguous"):
+        tritonserver.Tensor.from_dlpack(_Producer(np.zeros((3, 2), np.float32).T, numpys=True))
+    with pytest.raises(tritonserver.InvalidArgumentError, match="memory type or device"):
+        tritonserver.Tensor.from_dlpack(ONES).to_device("tpu:0")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not visible_gpus(), reason="no NVIDIA GPU visible on this machine")
+def test_torch_gpu_tensors_in_and_out(server):
+    torch = pytest.importorskip("torch", reason="needs torch (install tritonmp[torch])")
+    if not torch.cuda.is_available():
+        pytest.skip("torch was built without CUDA")
+    before = _dlpack.exported_count()
+    a = torch.arange(3, dtype=torch.float32, device="cuda").reshape(1, 3)
+    (response,) = server.model("add").infer(inputs={"A": a, "B": ONES}, output_memory_type="gpu")
+    c = torch.from_dlpack(response.outputs["C"])
+    assert c.is_cuda and c.tolist() == [[1.0, 2.0, 3.0]]
+    assert np.from_dlpack(response.outputs["C"].to_host()).tolist() == [[1.0, 2.0, 3.0]]
+    moved = tritonserver.Tensor.from_dlpack(ONES).to_device((tritonserver.MemoryType.GPU, 0))
+    assert torch.from_dlpack(moved).cpu().tolist() == ONES.tolist()
+    del c, response, moved
+    assert _dlpack.exported_count() == before
+
+
 def test_sequences_priorities_and_timeouts_reach_the_scheduler(server):
     sums = []
     for i, x in enumerate((1, 2, 3)):
@@ -394,8 +518,9 @@ def test_options_without_a_counterpart_are_refused_not_ignored(server):
     for options in refusals:
         with pytest.raises(tritonserver.UnsupportedError):
             tritonserver.Server(model_repository=repo, **options).start()
-    with pytest.raises(tritonserver.UnsupportedError, match="CPU memory"):
-        list(server.model("add").infer(inputs={"A": ONES, "B": ONES}, output_memory_type="gpu"))
+    if not visible_gpus():
+        with pytest.raises(tritonserver.UnsupportedError, match="GPU memory needs the CUDA runtime and a GPU"):
+            list(server.model("add").infer(inputs={"A": ONES, "B": ONES}, output_memory_type="gpu"))
     with pytest.raises(tritonserver.InvalidArgumentError, match="output memory type"):
         list(server.model("add").infer(inputs={"A": ONES, "B": ONES}, output_memory_type="disk"))
     with pytest.raises(tritonserver.InvalidArgumentError, match="asyncio.Queue"):

@@ -53,7 +53,7 @@ def _find_cudart() -> str:
 
 
 class CudaRuntime:
-    def __init__(self) -> None:
+    def __init__(self, device: int = 0) -> None:
         lib = ctypes.CDLL(_find_cudart())
         self.lib = lib
         lib.cudaIpcOpenMemHandle.argtypes = [ctypes.POINTER(ctypes.c_void_p), _IpcHandle, ctypes.c_uint]
@@ -68,7 +68,11 @@ class CudaRuntime:
         lib.cudaStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
         lib.cudaStreamDestroy.argtypes = [ctypes.c_void_p]
-        self.check(lib.cudaSetDevice(0), "cudaSetDevice")  # the one GPU CUDA_VISIBLE_DEVICES leaves us
+        self.set_device(device)  # in a worker, 0: the one GPU CUDA_VISIBLE_DEVICES leaves it
+
+    def set_device(self, device: int) -> None:
+        """Make `device` the calling thread's current GPU (CUDA keeps it per thread)."""
+        self.check(self.lib.cudaSetDevice(device), f"cudaSetDevice({device})")
 
     def check(self, code: int, what: str) -> None:
         if code != 0:
@@ -121,6 +125,12 @@ class CudaRuntime:
 
     def destroy_stream(self, stream: int) -> None:
         self.lib.cudaStreamDestroy(ctypes.c_void_p(stream))
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        """Copy between any two addresses (host or device: CUDA tells them apart), waiting for it."""
+        if nbytes:
+            self.check(self.lib.cudaMemcpy(ctypes.c_void_p(dst), ctypes.c_void_p(src), nbytes, _DEFAULT),
+                       "cudaMemcpy")
 
     def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         """Copy between any two addresses (host or device: CUDA tells them apart) on `stream`."""

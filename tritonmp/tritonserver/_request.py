@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import core, datatypes
+from . import _gpu
 from ._errors import InvalidArgumentError, UnsupportedError
 from ._shared import SharedArrays
-from ._tensor import DataType, DLDeviceType, MemoryType, Tensor
+from ._tensor import DataType, Tensor, parse_device
 
 if TYPE_CHECKING:
     from ._model import Model
 
 SEQUENCE_START, SEQUENCE_END = 1, 2  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_*
-CPU_MEMORY = (None, "cpu", MemoryType.CPU, MemoryType.CPU_PINNED, (MemoryType.CPU, 0), (DLDeviceType.kDLCPU, 0))
 
 
 @dataclass
@@ -39,11 +39,17 @@ class InferenceRequest:
     output_memory_type: Any = None
     response_queue: queue.SimpleQueue | queue.Queue | asyncio.Queue | None = None
 
+    def _output_device(self) -> int | None:
+        """The GPU the outputs are asked for on, or None for host memory."""
+        try:
+            gpu = parse_device(self.output_memory_type)
+        except InvalidArgumentError:
+            raise InvalidArgumentError(f"Invalid output memory type: {self.output_memory_type!r}") from None
+        if gpu is not None:
+            _gpu.runtime()  # refused now, where there is no GPU, not in every response
+        return gpu
+
     def _core_request(self) -> core.InferRequest:
-        if self.output_memory_type not in CPU_MEMORY:
-            if _is_gpu(self.output_memory_type):
-                raise UnsupportedError("outputs of this server are in CPU memory; move them to a GPU with DLPack")
-            raise InvalidArgumentError(f"Invalid output memory type: {self.output_memory_type!r}")
         if not isinstance(self.parameters, dict):
             raise InvalidArgumentError("parameters must be a dict")
         parameters: dict = {}
@@ -65,18 +71,11 @@ class InferenceRequest:
         return core.InferRequest(self.model.name, version, self.request_id or "", inputs, None, parameters)
 
 
-def _is_gpu(memory) -> bool:
-    kind = memory[0] if isinstance(memory, tuple) and memory else memory
-    if isinstance(kind, str):
-        return kind.split(":")[0].lower() in ("gpu", "cuda")
-    return type(kind) in (MemoryType, DLDeviceType) and int(kind) == 2  # MemoryType.GPU, kDLCUDA
-
-
 def _core_tensor(name: str, tensor: Tensor, shared: SharedArrays) -> core.Tensor:
     """An input as the core takes it: where a shared array holds it, the place (the worker reads it
     there); else a view of the caller's array (copied only where it is not contiguous). BYTES are
-    serialized into Triton's length-prefixed layout."""
-    array = tensor._array
+    serialized into Triton's length-prefixed layout; a GPU tensor is copied to the host first."""
+    array = tensor.to_host()._array
     if tensor.data_type == DataType.BYTES:
         data = datatypes.serialize_bytes(array)
     else:
@@ -86,11 +85,12 @@ def _core_tensor(name: str, tensor: Tensor, shared: SharedArrays) -> core.Tensor
     return core.Tensor(name, tensor.data_type.name, [int(d) for d in array.shape], data)
 
 
-def _api_tensor(t: core.Tensor) -> Tensor:
-    """An output as the API hands it out: a view of the bytes the worker sent (BYTES decoded)."""
+def _api_tensor(t: core.Tensor, gpu: int | None = None) -> Tensor:
+    """An output as the API hands it out: a view of the bytes the worker sent (BYTES decoded), or a
+    copy of them on GPU `gpu` (BYTES stay in host memory)."""
     data = b"" if t.data is None else t.data
     if t.datatype == "BYTES":
-        array = datatypes.deserialize_bytes(data).reshape(t.shape)
-    else:
-        array = np.frombuffer(data, dtype=datatypes.NUMPY_OF[t.datatype]).reshape(t.shape)
-    return Tensor(DataType[t.datatype], list(t.shape), array)
+        return Tensor(DataType.BYTES, list(t.shape), datatypes.deserialize_bytes(data).reshape(t.shape))
+    tensor = Tensor(DataType[t.datatype], list(t.shape),
+                    np.frombuffer(data, dtype=datatypes.NUMPY_OF[t.datatype]).reshape(t.shape))
+    return tensor if gpu is None else tensor.to_device(("gpu", gpu))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from .. import core
 from ..errors import ServerError
-from ._errors import TritonError, from_server_error
+from ._errors import InternalError, TritonError, from_server_error
 from ._request import _api_tensor
 from ._tensor import Tensor
 
@@ -34,9 +34,10 @@ class _Responses:
     with Triton's final flags: the last response of a request is final; when a decoupled model
     ends its request after its last response, an empty final response follows."""
 
-    def __init__(self, model: Model, request_id: str):
+    def __init__(self, model: Model, request_id: str, gpu: int | None = None):
         self.model = model
         self.request_id = request_id
+        self.gpu = gpu  # outputs are copied to this GPU
         self.sent_final = False
 
     def convert(self, item: core.InferResponse | ServerError | None) -> InferenceResponse | None:
@@ -51,7 +52,11 @@ class _Responses:
             return InferenceResponse(self.model, self.request_id, error=from_server_error(item), final=final)
         final = bool(item.final)
         self.sent_final = self.sent_final or final
-        outputs = {} if item.empty else {t.name: _api_tensor(t) for t in item.outputs}
+        try:
+            outputs = {} if item.empty else {t.name: _api_tensor(t, self.gpu) for t in item.outputs}
+        except (TritonError, ValueError) as exc:  # the copy to the GPU failed (out of memory, ...)
+            error = exc if isinstance(exc, TritonError) else InternalError(str(exc))
+            return InferenceResponse(self.model, item.id or self.request_id, error=error, final=final)
         return InferenceResponse(self.model, item.id or self.request_id, dict(item.parameters), outputs, final=final)
 
 
@@ -64,7 +69,7 @@ class _Iterator:
         self._user_queue = user_queue
         self._raise = raise_on_error
         self._complete = False
-        self._convert = _Responses(model, request.request_id or "")
+        self._convert = _Responses(model, request.request_id or "", request._output_device())
         self._submission = model._server._engine.submit(request._core_request(), self._deliver)
 
     def _deliver(self, item) -> None:  # on the engine's loop

@@ -1,9 +1,14 @@
 """Tensors of the in-process API: `Tensor`, `DataType`, `MemoryType`, `DLDeviceType`.
 
-A Tensor holds a numpy array in CPU memory and is a DLPack producer and consumer, as Triton's is.
-An input given as a numpy array is used as it is (no copy here: it is written once, into the memory
-the model's worker reads); an output is a view of the bytes the worker sent, kept alive for as long
-as any Tensor, numpy array or DLPack consumer refers to it.
+A Tensor holds a numpy array in CPU memory, or GPU memory, and is a DLPack producer and consumer,
+as Triton's is. An input given as a numpy array is used as it is (no copy here: it is written once,
+into the memory the model's worker reads); an output is a view of the bytes the worker sent, kept
+alive for as long as any Tensor, numpy array or DLPack consumer refers to it.
+
+GPU memory: a GPU DLPack producer's tensor (a torch or CuPy tensor on a GPU) is taken without a copy
+and copied to the host when a request uses it (models run in worker processes and read inputs from
+host shared memory); an output asked for on a GPU (`output_memory_type`) or moved there with
+`to_device` is copied into device memory this process allocates (see _gpu.py).
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ from typing import Any
 import numpy as np
 
 from .. import datatypes
+from . import _dlpack, _gpu
 from ._errors import InvalidArgumentError, UnsupportedError
+
+_GPU_DEVICES = (2, 13)  # kDLCUDA, kDLCUDAManaged
 
 
 class DataType(enum.IntEnum):
@@ -49,40 +57,70 @@ class DLDeviceType(enum.IntEnum):
     kDLCUDAHost = 3
 
 
+def parse_device(device: Any) -> int | None:
+    """Where a device or memory type names (Triton's DeviceOrMemoryType: "cpu", "gpu:1", "cuda",
+    MemoryType.GPU, (MemoryType.GPU, 1), (DLDeviceType.kDLCUDA, 0), ...): None for host memory, else
+    the GPU's number."""
+    kind, number = device if isinstance(device, tuple) and len(device) == 2 else (device, 0)
+    if isinstance(kind, str):
+        kind, _, index = kind.lower().partition(":")
+        if index:
+            if isinstance(device, tuple) or not index.isdigit():
+                raise InvalidArgumentError(f"Invalid memory type or device: {device!r}")
+            number = int(index)
+    if not isinstance(number, int) or number < 0:
+        raise InvalidArgumentError(f"Invalid memory type or device: {device!r}")
+    if kind in (None, "cpu", MemoryType.CPU, MemoryType.CPU_PINNED, DLDeviceType.kDLCPU, DLDeviceType.kDLCUDAHost):
+        return None
+    if kind in ("gpu", "cuda", MemoryType.GPU, DLDeviceType.kDLCUDA):
+        return number
+    raise InvalidArgumentError(f"Invalid memory type or device: {device!r}")
+
+
 @dataclass
 class Tensor:
-    """A tensor: data type, shape, and its values in CPU memory (`_array`)."""
+    """A tensor: data type, shape, and its values in CPU memory (`_array`) or in GPU memory
+    (`_memory`: a _gpu.DeviceMemory or _gpu.BorrowedMemory, `_array` then None)."""
 
     data_type: DataType
     shape: Sequence[int]
-    _array: np.ndarray
+    _array: np.ndarray | None
+    _memory: Any = None
 
     @property
     def memory_type(self) -> MemoryType:
-        return MemoryType.CPU
+        return MemoryType.CPU if self._memory is None else MemoryType.GPU
 
     @property
     def memory_type_id(self) -> int:
-        return 0
+        return 0 if self._memory is None else self._memory.device_id
 
     @property
     def size(self) -> int:
-        return int(self._array.nbytes)
+        return int(self._array.nbytes if self._memory is None else self._memory.nbytes)
 
     @property
     def data_ptr(self) -> int:
-        return int(self._array.ctypes.data)
+        return int(self._array.ctypes.data if self._memory is None else self._memory.pointer)
 
     def __dlpack__(self, *, stream=None, **_options):
         if self.data_type == DataType.BYTES:
             raise UnsupportedError("DLPack does not support bytes arrays: use to_bytes_array() or to_string_array()")
+        if self._memory is not None:  # copies into it were synchronous: ready on any stream
+            return _dlpack.export(self._memory.pointer, (DLDeviceType.kDLCUDA, self._memory.device_id),
+                                  tuple(int(d) for d in self.shape), self._numpy_type(), self._memory)
         try:
             return self._array.__dlpack__()
         except BufferError:  # read-only memory, which older DLPack consumers cannot be told about
             return self._array.copy().__dlpack__()
 
     def __dlpack_device__(self) -> tuple[DLDeviceType, int]:
+        if self._memory is not None:
+            return DLDeviceType.kDLCUDA, self._memory.device_id
         return DLDeviceType.kDLCPU, 0
+
+    def _numpy_type(self) -> np.dtype:
+        return np.dtype(datatypes.NUMPY_OF[self.data_type.name])
 
     def to_bytes_array(self) -> np.ndarray:
         """A BYTES tensor as a numpy array of bytes objects."""
@@ -113,19 +151,41 @@ class Tensor:
 
     @staticmethod
     def from_dlpack(obj: Any) -> Tensor:
-        """A Tensor over a DLPack producer's memory (CPU memory: a GPU tensor is refused)."""
-        if hasattr(obj, "__dlpack_device__") and obj.__dlpack_device__()[0] not in (DLDeviceType.kDLCPU,
-                                                                                     DLDeviceType.kDLCUDAHost):
-            raise UnsupportedError("this server reads tensors from CPU memory: move the tensor to the host first")
+        """A Tensor over a DLPack producer's memory, host or GPU, without a copy."""
+        device = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else DLDeviceType.kDLCPU
+        if device in _GPU_DEVICES:
+            try:
+                # stream 1: the producer makes the tensor ready on the legacy default stream, which
+                # the synchronous copies out of it are ordered after
+                borrowed = _dlpack.borrow(obj.__dlpack__(stream=1))
+            except ValueError as exc:
+                raise InvalidArgumentError(str(exc)) from None
+            name = datatypes.of_numpy(borrowed.dtype)
+            return Tensor(DataType[name], list(borrowed.shape), None, _gpu.BorrowedMemory(borrowed))
+        if device not in (DLDeviceType.kDLCPU, DLDeviceType.kDLCUDAHost):
+            raise UnsupportedError(f"DLPack device type {int(device)} is not supported: only host and CUDA memory")
         return Tensor._from_numpy(np.from_dlpack(obj))
 
     def to_host(self) -> Tensor:
-        return self
+        """This tensor in host memory (itself where it is there already)."""
+        if self._memory is None:
+            return self
+        array = _gpu.to_host(self._memory, tuple(int(d) for d in self.shape), self._numpy_type())
+        return Tensor(self.data_type, list(self.shape), array)
 
     def to_device(self, device) -> Tensor:
-        if device in ("cpu", MemoryType.CPU, (MemoryType.CPU, 0), (DLDeviceType.kDLCPU, 0)):
+        """This tensor on `device` ("cpu", "gpu:1", MemoryType.GPU, (DLDeviceType.kDLCUDA, 0), ...),
+        copied there unless it is there already."""
+        gpu = parse_device(device)
+        if gpu is None:
+            return self.to_host()
+        if self._memory is not None and self._memory.device_id == gpu:
             return self
-        raise UnsupportedError(f"tensors of this server live in CPU memory; cannot move one to {device!r}")
+        if self.data_type == DataType.BYTES:
+            raise UnsupportedError("BYTES tensors stay in host memory")
+        memory = _gpu.to_device(self._array, gpu) if self._memory is None else \
+            _gpu.copy_to_device(self._memory, gpu)
+        return Tensor(self.data_type, list(self.shape), None, memory)
 
     @staticmethod
     def _from_object(obj: Any) -> Tensor:
