@@ -99,8 +99,22 @@ def serve_parser() -> argparse.ArgumentParser:
     return p
 
 
+def given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, object]:
+    """The settings that differ from their defaults, by flag name (for the status page)."""
+    flags = {}
+    for action in parser._actions:
+        if not action.option_strings or action.dest in ("help", "version"):
+            continue
+        value = getattr(args, action.dest, None)
+        if value != action.default:
+            flags[action.option_strings[0]] = value if isinstance(value, (str, int, float, bool, type(None))) \
+                else [str(v) for v in value] if isinstance(value, list) else str(value)
+    return flags
+
+
 def serve(argv: list[str]) -> int:
-    args = serve_parser().parse_args(argv)
+    parser = serve_parser()
+    args = parser.parse_args(argv)
     from .observability.log_settings import LogSettings
 
     try:
@@ -186,7 +200,8 @@ def serve(argv: list[str]) -> int:
     async def main() -> int:
         server = Server(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs,
                         args.allow_client_shm, args.model_control_mode, args.load_model,
-                        args.repository_poll_secs, log_settings, tracer, cache, args.id)
+                        args.repository_poll_secs, log_settings, tracer, cache, args.id,
+                        flags=given_flags(parser, args))
         return await server.run()
 
     try:

@@ -59,8 +59,9 @@ class Server:
                  exit_on_error: bool = True, exit_timeout: float = 30.0, allow_client_shm: bool = False,
                  model_control: str = "none", load_models: list[str] | None = None, poll_secs: float = 15.0,
                  log_settings: LogSettings | None = None, tracer: Tracer | None = None,
-                 cache: ResponseCache | None = None, server_id: str = "triton"):
+                 cache: ResponseCache | None = None, server_id: str = "triton", flags: dict | None = None):
         self.options = options
+        self.flags = flags or {}
         self.server_id = server_id
         self.endpoints = endpoints
         self.strict_readiness = strict_readiness
@@ -124,6 +125,7 @@ class Server:
         core = ServerCore(self.options, model_control=self.model_control, strict_readiness=self.strict_readiness,
                           allow_client_shm=self.allow_client_shm, log_settings=self.log_settings,
                           tracer=self.tracer, cache=self.cache, server_id=self.server_id)
+        core.flags = self.flags
         await core.build()
         models, dataplane = core.models, core.dataplane
         poller = None

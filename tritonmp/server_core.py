@@ -5,6 +5,7 @@ in-process API (tritonmp/tritonserver)."""
 from __future__ import annotations
 
 import logging
+import time
 
 from .dataplane import Dataplane
 from .frontends import json_offload
@@ -29,6 +30,8 @@ class ServerCore:
         self.dataplane: Dataplane | None = None
         self.fingerprints: dict = {}  # the repositories as the last poll saw them
         self.metrics_settings = (True, True, 2.0)  # CPU figures, GPU figures, seconds between samples
+        self.started = time.time()
+        self.flags: dict[str, object] = {}  # the settings it was started with, as the status page shows them
 
     async def build(self) -> None:
         """The model manager and the dataplane (on the loop that will serve them), after removing the

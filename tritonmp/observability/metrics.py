@@ -11,11 +11,16 @@ this module writes the text format itself rather than through prometheus_client'
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from pathlib import Path
 
+import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .stats import LATENCY_BUCKETS_US
+from .status import StatusHistory
+from .status import status as status_document
 
 log = logging.getLogger("tritonmp.metrics")
 
@@ -214,21 +219,38 @@ def render(models, system: SystemSampler) -> bytes:
 
 
 class MetricsApp:
-    """ASGI app for the metrics port: GET /metrics; 404 elsewhere, as Triton."""
+    """ASGI app for the metrics port: GET /metrics (Triton's), and tritonmp's live status page (GET /)
+    with the JSON it reads (GET /status.json); 404 elsewhere, as Triton."""
 
-    def __init__(self, models, system: SystemSampler):
-        self.models = models
+    def __init__(self, core, system: SystemSampler, history: StatusHistory):
+        self.core = core
         self.system = system
+        self.history = history
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
-        if scope["path"] == "/metrics" and scope["method"] == "GET":
-            status, body, ctype = 200, render(self.models, self.system), CONTENT_TYPE_LATEST.encode()
-        else:
+        path, method = scope["path"], scope["method"]
+        headers = []
+        if method not in ("GET", "HEAD") or path not in ("/metrics", "/", "/status.json"):
             status, body, ctype = 404, b"", b"text/plain"
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        elif path == "/metrics":
+            status, body, ctype = 200, render(self.core.models, self.system), CONTENT_TYPE_LATEST.encode()
+        elif path == "/status.json":
+            status, ctype = 200, b"application/json"
+            body = orjson.dumps(status_document(self.core, self.system, self.history))
+            headers.append((b"cache-control", b"no-store"))
+        else:
+            status, body, ctype = 200, status_page(), b"text/html; charset=utf-8"
+            headers.append((b"content-security-policy",
+                            b"default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                            b"connect-src 'self'; img-src 'self' data:"))
+        headers += [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
 
 
+@functools.cache
+def status_page() -> bytes:
+    """The status page: one self-contained file shipped in the package (no CDN, works air-gapped)."""
+    return (Path(__file__).parent / "status_page.html").read_bytes()

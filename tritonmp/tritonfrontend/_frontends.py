@@ -23,6 +23,7 @@ from ..frontends.http_protocol import Limits, default_max_connections, protocol_
 from ..frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpApp
 from ..frontends.restricted import GRPC_HEADER_PREFIX, Restrictions
 from ..observability.metrics import MetricsApp, SystemSampler
+from ..observability.status import StatusHistory
 from ..server_core import ServerCore
 from ..tritonserver import InvalidArgumentError, Server, UnavailableError, UnsupportedError
 
@@ -307,11 +308,14 @@ class Metrics(_Service):
             raise UnavailableError("metrics are turned off in the server's Options (metrics=False)")
         cpu, gpu, interval = core.metrics_settings
         system = SystemSampler(cpu, gpu, core.options.gpus)
-        sampler = asyncio.get_running_loop().create_task(system.run(interval))
-        server, task = self._serve_asgi(MetricsApp(core.models, system), self.options.limits)
-        return server, task, sampler
+        history = StatusHistory(core.models)
+        loop = asyncio.get_running_loop()
+        samplers = (loop.create_task(system.run(interval)), loop.create_task(history.run()))
+        server, task = self._serve_asgi(MetricsApp(core, system, history), self.options.limits)
+        return server, task, samplers
 
     @staticmethod
     async def _stop(running, deadline: float) -> None:
-        running[2].cancel()
+        for sampler in running[2]:
+            sampler.cancel()
         await _Service._stop_asgi(running, deadline)

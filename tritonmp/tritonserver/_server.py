@@ -125,6 +125,17 @@ _DEFAULTS = Options()
 _live_servers: weakref.WeakSet = weakref.WeakSet()
 
 
+def _given_options(options: Options) -> dict[str, object]:
+    """The Options that differ from their defaults (for the status page)."""
+    default = Options()
+    given = {}
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if value != getattr(default, f.name):
+            given[f.name] = value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+    return given
+
+
 class Server:
     """A tritonmp server inside this program: `Server(Options(...))` or `Server(model_repository=...)`,
     then start(). Models run in worker processes of their own, as under the `tritonmp` command."""
@@ -152,6 +163,7 @@ class Server:
         engine = Engine(server_options, model_control=control, strict_readiness=o.strict_readiness, cache=cache,
                         server_id=o.server_id, log_settings=log_settings)
         engine.metrics_settings = (o.cpu_metrics, o.gpu_metrics, max(0.1, o.metrics_interval / 1000))
+        engine.flags = _given_options(o)
         engine.start()
         self._engine = engine
         _live_servers.add(self)
