@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 from pathlib import Path
 
 import orjson
@@ -149,6 +150,20 @@ _GPU_HELP = {
 }
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def process_usage(pid: int) -> tuple[float, int] | None:
+    """A process's CPU seconds (user + system) and resident bytes, from /proc; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[21]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def render(models, system: SystemSampler) -> bytes:
     """The whole exposition text, read from the live model versions."""
     versions = [mv for e in models.models.values() for _, mv in sorted(e.versions.items())]
@@ -203,6 +218,18 @@ def render(models, system: SystemSampler) -> bytes:
         s = mv.pool.stats
         out.histogram("tritonmp_request_duration_us", LATENCY_BUCKETS_US, s.latency_buckets,
                       (s.ns["success"] + s.ns["fail"]) / 1000, model=mv.name, version=str(mv.version))
+    out.family("tritonmp_queue_duration_us", "histogram",
+               "Time requests waited in the model's queue before execution, in microseconds")
+    for mv in versions:
+        s = mv.pool.stats
+        out.histogram("tritonmp_queue_duration_us", LATENCY_BUCKETS_US, s.queue_buckets, s.ns["queue"] / 1000,
+                      model=mv.name, version=str(mv.version))
+    out.family("tritonmp_model_ready", "gauge",
+               "1 when the model version is READY, 0 when it is loading, unloading or unavailable")
+    for row in models.index():
+        if "state" in row:
+            out.sample("tritonmp_model_ready", int(row["state"] == "READY"), model=row["name"],
+                       version=row.get("version", ""))
     out.family("tritonmp_queue_depth", "gauge", "Requests waiting in the model's queue")
     out.family("tritonmp_inflight_requests", "gauge", "Requests executing on the model's instances")
     out.family("tritonmp_worker_restarts_total", "counter", "Worker processes of the model restarted after dying")
@@ -214,6 +241,21 @@ def render(models, system: SystemSampler) -> bytes:
                    sum(len(i.batch) for i in mv.pool.instances if i.batch is not None), **labels)
         out.sample("tritonmp_worker_restarts_total", mv.pool.restart_count, **labels)
         out.sample("tritonmp_model_load_duration_seconds", round(mv.load_seconds, 6), **labels)
+    out.family("tritonmp_worker_cpu_seconds_total", "counter", "CPU time used by the worker process of an instance")
+    out.family("tritonmp_worker_resident_memory_bytes", "gauge", "Resident memory of the worker process of an instance")
+    for mv in versions:
+        for instance in mv.pool.instances:
+            usage = process_usage(instance.proc.pid) if instance.alive and instance.proc is not None else None
+            if usage is not None:
+                labels = {"model": mv.name, "version": str(mv.version), "instance": instance.spec.name}
+                out.sample("tritonmp_worker_cpu_seconds_total", round(usage[0], 3), **labels)
+                out.sample("tritonmp_worker_resident_memory_bytes", usage[1], **labels)
+    usage = process_usage(os.getpid())  # the frontend, under the names every Prometheus client uses
+    if usage is not None:
+        out.family("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds")
+        out.sample("process_cpu_seconds_total", round(usage[0], 3))
+        out.family("process_resident_memory_bytes", "gauge", "Resident memory size in bytes")
+        out.sample("process_resident_memory_bytes", usage[1])
     models.custom_metrics.render(out)  # python models' own (pb_utils.MetricFamily)
     return ("\n".join(out.lines) + "\n").encode()
 

@@ -10,6 +10,15 @@ LATENCY_BUCKETS_US = (100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 1000
                       2500000, 5000000)
 
 
+def _count(buckets: list[int], us: float) -> None:
+    """Count a duration in its histogram bucket (LATENCY_BUCKETS_US's bounds, then +Inf)."""
+    for i, bound in enumerate(LATENCY_BUCKETS_US):
+        if us <= bound:
+            buckets[i] += 1
+            return
+    buckets[-1] += 1
+
+
 class ModelStats:
     """Counters of one model version. Durations are nanoseconds, as Triton reports them."""
 
@@ -27,6 +36,7 @@ class ModelStats:
         self.batches: dict[int, list[int]] = {}  # batch size -> [count, input ns, infer ns, output ns]
         self.failures: dict[str, int] = {}  # failure reason -> count
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS_US) + 1)  # request duration histogram, +Inf last
+        self.queue_buckets = [0] * (len(LATENCY_BUCKETS_US) + 1)  # queue time histogram, +Inf last
 
     def _add(self, kind: str, ns: int, count: int = 1) -> None:
         self.counts[kind] += count
@@ -34,6 +44,7 @@ class ModelStats:
 
     def queued(self, wait_ns: int) -> None:
         self._add("queue", wait_ns)
+        _count(self.queue_buckets, wait_ns / 1000)
 
     def executed(self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One execution of `requests` requests totalling `batch_size` rows."""
@@ -66,13 +77,7 @@ class ModelStats:
         else:
             self._add("fail", duration_ns)
             self.failures[reason] = self.failures.get(reason, 0) + 1
-        us = duration_ns / 1000
-        for i, bound in enumerate(LATENCY_BUCKETS_US):
-            if us <= bound:
-                self.latency_buckets[i] += 1
-                break
-        else:
-            self.latency_buckets[-1] += 1
+        _count(self.latency_buckets, duration_ns / 1000)
 
     def to_json(self) -> dict:
         def d(count, ns):
