@@ -1,0 +1,23 @@
+# tritonmp on a CPU: docker build -t tritonmp .
+#   docker run --rm --shm-size=1g -p 8000-8002:8000-8002 -v /path/to/models:/models:ro tritonmp
+# Workers exchange tensors with the frontend through /dev/shm: give the container more than
+# Docker's default 64 MiB (--shm-size, or shm_size in compose).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /opt/tritonmp
+COPY pyproject.toml constraints.txt README.md ./
+COPY tritonmp ./tritonmp
+COPY workers ./workers
+# EXTRAS: optional frameworks, e.g. --build-arg EXTRAS=openvino,torch
+ARG EXTRAS=""
+RUN pip install -c constraints.txt ".${EXTRAS:+[$EXTRAS]}" \
+    && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin tritonmp \
+    && mkdir /models && chown tritonmp /models
+
+USER 10001
+EXPOSE 8000 8001 8002
+HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=2)"]
+CMD ["tritonmp", "--model-repository", "/models", "--workers", "auto"]
