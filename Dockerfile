@@ -2,7 +2,10 @@
 #   docker run --rm --shm-size=1g -p 8000-8002:8000-8002 -v /path/to/models:/models:ro tritonmp
 # Workers exchange tensors with the frontend through /dev/shm: give the container more than
 # Docker's default 64 MiB (--shm-size, or shm_size in compose).
-FROM python:3.11-slim
+# BASE: any image with Python 3.10+ and pip on PATH and useradd (scripts/container-check.sh builds
+# one from Debian's packages where no registry of images can be reached)
+ARG BASE=python:3.11-slim
+FROM ${BASE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 

@@ -44,7 +44,7 @@ serve: example-repo
 	$(BIN)/tritonmp --model-repository $(REPO) --workers auto $(ARGS)
 
 test: example-repo frameworks node-client
-	$(BIN)/python -m pytest -q -m "not compat" $(ARGS)
+	$(BIN)/python -m pytest -q -m "not compat and not container" $(ARGS)
 
 # Installs the reference Triton server (../shared/anchors/setup.sh) when it is missing, then compares.
 ANCHORS ?= $(HOME)/.cache/tritonmp-anchors
