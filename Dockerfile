@@ -9,13 +9,14 @@ FROM ${BASE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
-WORKDIR /opt/tritonmp
-COPY pyproject.toml constraints.txt README.md ./
-COPY tritonmp ./tritonmp
-COPY workers ./workers
+# the sources are installed, then removed: a `tritonmp` folder in the working directory would
+# shadow the installed package for the workers (python -m puts the working directory first)
+COPY pyproject.toml constraints.txt README.md /tmp/src/
+COPY tritonmp /tmp/src/tritonmp
+COPY workers /tmp/src/workers
 # EXTRAS: optional frameworks, e.g. --build-arg EXTRAS=openvino,torch
 ARG EXTRAS=""
-RUN pip install -c constraints.txt ".${EXTRAS:+[$EXTRAS]}" \
+RUN pip install -c /tmp/src/constraints.txt "/tmp/src${EXTRAS:+[$EXTRAS]}" && rm -rf /tmp/src \
     && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin tritonmp \
     && mkdir /models && chown tritonmp /models
 

@@ -81,6 +81,7 @@ def test_dockerfiles(name):
         if k == "COPY":
             for source in v.split()[:-1]:
                 assert (ROOT / source).exists(), source
+    assert "WORKDIR" not in kinds  # the working directory must not hold a `tritonmp` folder
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert not {"tritonmp", "workers", "pyproject.toml", "constraints.txt", "README.md"} & set(ignored)
     installs = " ".join(v for k, v in instructions if k in ("RUN", "ARG"))
