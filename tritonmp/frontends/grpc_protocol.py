@@ -147,7 +147,7 @@ class _Call(http2.StreamHandler):
         self.headers_sent = False
         if method.streaming:
             self.messages = asyncio.Queue()
-            self.task = asyncio.get_running_loop().create_task(self._run(self._streaming))
+            self.task = conn.loop.create_task(self._run(self._streaming))
 
     # ---- from the connection ----
 
@@ -228,7 +228,7 @@ class _Call(http2.StreamHandler):
         except RpcError as e:
             self._fail(e.code, e.message)
             return
-        self.task = asyncio.get_running_loop().create_task(self._run(self._unary, request))
+        self.task = self.conn.loop.create_task(self._run(self._unary, request))
 
     def reset(self) -> None:
         if self.task is not None:

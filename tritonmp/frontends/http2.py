@@ -171,6 +171,7 @@ class Connection(asyncio.Protocol):
         self.keepalive = keepalive or Keepalive()
         self.refuse = refuse  # over the listener's connection limit: closed as soon as it opens
         self.timers: dict[str, asyncio.TimerHandle] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None  # the serving loop, from connection_made
         self.heard = 0.0  # when the client last sent anything (loop time)
         self.last_ping = float("-inf")  # when the client last sent a PING with no call open
         self.ping_strikes = 0
@@ -202,7 +203,7 @@ class Connection(asyncio.Protocol):
         """Frames go out once per loop iteration: the answers that complete together (a batch)
         leave in one system call."""
         if not self.pending:
-            asyncio.get_running_loop().call_soon(self._flush)
+            self.loop.call_soon(self._flush)
         self.pending.append(data)
 
     def _flush(self) -> None:
@@ -214,6 +215,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.loop = asyncio.get_running_loop()  # once: each lookup costs a getpid system call
         if self.refuse:
             self.closed = True
             transport.abort()
@@ -224,7 +226,7 @@ class Connection(asyncio.Protocol):
             (SETTINGS_MAX_CONCURRENT_STREAMS, MAX_STREAMS)))
         transport.write(frame(SETTINGS, 0, 0, settings)
                         + frame(WINDOW_UPDATE, 0, 0, _U32.pack(RECV_CONNECTION_WINDOW - DEFAULT_WINDOW)))
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         self.heard = loop.time()
         if self.keepalive.time > 0:
             self.timers["ping"] = loop.call_later(self.keepalive.time, self._keepalive_ping)
@@ -241,7 +243,7 @@ class Connection(asyncio.Protocol):
     # ---- keepalive and connection age ----
 
     def _keepalive_ping(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         idle = loop.time() - self.heard
         if self.closed:
             return
@@ -264,12 +266,12 @@ class Connection(asyncio.Protocol):
 
     def _aged(self) -> None:
         if not self.closed:
-            asyncio.get_running_loop().create_task(self.shutdown(self.keepalive.max_age_grace or None))
+            self.loop.create_task(self.shutdown(self.keepalive.max_age_grace or None))
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        self.heard = asyncio.get_running_loop().time()
+        self.heard = self.loop.time()
         try:
             if not self.preface_seen:
                 if not self._preface(data):
@@ -408,7 +410,7 @@ class Connection(asyncio.Protocol):
                 self._write(frame(PING, FLAG_ACK, 0, payload))
             elif payload == KEEPALIVE_PING and "pong" in self.timers:
                 self.timers.pop("pong").cancel()
-                self.timers["ping"] = asyncio.get_running_loop().call_later(self.keepalive.time,
+                self.timers["ping"] = self.loop.call_later(self.keepalive.time,
                                                                             self._keepalive_ping)
         elif kind == RST_STREAM:
             if not stream_id or len(payload) != 4:
@@ -436,7 +438,7 @@ class Connection(asyncio.Protocol):
         ends with GOAWAY ENHANCE_YOUR_CALM "too_many_pings", as grpc's own servers do. Sending
         headers or data forgives the strikes (`_answered`), as in grpc's servers: clients measure
         the bandwidth with a PING after the data of a response, often once its call has ended."""
-        now = asyncio.get_running_loop().time()
+        now = self.loop.time()
         if self.streams:
             self.ping_strikes = 0
         elif now - self.last_ping < self.keepalive.min_ping_interval:
@@ -695,7 +697,7 @@ class Connection(asyncio.Protocol):
         """Data on a stream, in frames that respect the peer's frame size and flow-control
         windows; waits for window updates and for the transport to drain as needed."""
         view = memoryview(data)
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         while view.nbytes:
             if not self.is_open(stream):
                 return
@@ -760,7 +762,7 @@ class Connection(asyncio.Protocol):
         if not self.streams:
             self._close()
         else:
-            self.drained = self.drained or asyncio.get_running_loop().create_future()
+            self.drained = self.drained or self.loop.create_future()
             self.drained.add_done_callback(lambda _: self._close())
 
     async def shutdown(self, grace: float | None) -> None:
@@ -768,7 +770,7 @@ class Connection(asyncio.Protocol):
         flight to finish, then close; streams still open are reset."""
         self._goaway(NO_ERROR)
         if self.streams and grace != 0:
-            self.drained = self.drained or asyncio.get_running_loop().create_future()
+            self.drained = self.drained or self.loop.create_future()
             try:
                 await asyncio.wait_for(asyncio.shield(self.drained), grace)
             except asyncio.TimeoutError:

@@ -8,6 +8,9 @@ between requests is uvicorn's own `timeout_keep_alive`.
 A large request body with a declared length within the listener's limit is received into one
 buffer of that length (`ReceivedBody`, in the request's scope) instead of uvicorn's ASGI body
 messages, which gather it 64 KiB at a time and copy it twice more on the way to the application.
+
+What the connection writes in one turn of the event loop goes out in one system call
+(`CoalescingTransport`): uvicorn writes a response's head and body apart.
 """
 
 from __future__ import annotations
@@ -72,6 +75,41 @@ def _declared_length(headers: list) -> int:
     return length
 
 
+class CoalescingTransport:
+    """A transport whose writes made in one turn of the event loop go out together, in one system
+    call: a response's head and body (uvicorn writes them apart), and the responses of pipelined
+    requests that finish together. Closing writes what is pending first; everything else is the
+    transport's own."""
+
+    __slots__ = ("_transport", "_loop", "_pending")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
+        self._transport = transport
+        self._loop = loop
+        self._pending: list = []
+
+    def write(self, data) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(data)
+
+    def writelines(self, parts) -> None:
+        for part in parts:
+            self.write(part)
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and not self._transport.is_closing():
+            self._transport.writelines(pending)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+
 class GuardedHttpProtocol(HttpToolsProtocol):
     limits = Limits()
     max_body = 0  # the largest body received into one buffer (the application's input limit); 0: none
@@ -80,6 +118,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._guard: asyncio.TimerHandle | None = None
         self._body: ReceivedBody | None = None
         super().connection_made(transport)
+        self.transport = CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
         cap = self.limits.max_connections or default_max_connections()
         if len(self.connections) > cap:
             log.warning("refusing an HTTP connection: %d are open, the limit is %d", len(self.connections) - 1, cap)

@@ -138,8 +138,16 @@ class Scheduler:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._drain = DrainWaiters(self.busy)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it serves, found on first use
         pool.on_idle = self.pump
         pool.on_down = self.fail_all
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The serving loop, looked up once: asyncio.get_running_loop() costs a getpid system call."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def _level(self, request: InferRequest) -> int:
         p = self.priorities
@@ -156,7 +164,7 @@ class Scheduler:
 
     def submit(self, request: InferRequest) -> asyncio.Future:
         """Queue a request; raises UNAVAILABLE at once when its priority level's queue is full."""
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         level = self._level(request)
         policy = self.priorities.policy(level)
         now = self.clock()
@@ -273,7 +281,7 @@ class Scheduler:
             if self._timer_at <= deadline_ns:
                 return
             self._timer.cancel()
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         delay = max(0, deadline_ns - self.clock()) / 1e9
         self._timer_at = deadline_ns
         self._timer = loop.call_at(loop.time() + delay, self._fire)
