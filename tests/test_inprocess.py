@@ -310,6 +310,9 @@ class _HostMemoryCuda:
     def copy(self, dst, src, nbytes):
         ctypes.memmove(dst, src, nbytes)
 
+    def synchronize(self, stream):
+        assert stream == 0
+
 
 def test_gpu_tensors_in_and_out_on_a_host_memory_cuda(server, monkeypatch):
     cuda = _HostMemoryCuda()

@@ -51,6 +51,11 @@ def test_histograms_and_extras(server):
     assert after[f"tritonmp_queue_depth{{{labels}}}"] == 0
     assert after[f"tritonmp_inflight_requests{{{labels}}}"] == 0
     assert after[f"tritonmp_model_load_duration_seconds{{{labels}}}"] > 0
+    assert after[f"tritonmp_model_ready{{{labels}}}"] == 1
+    queued = f"tritonmp_queue_duration_us_count{{{labels}}}"
+    assert after[queued] >= before[queued] + 1
+    assert after[f"tritonmp_worker_resident_memory_bytes{{instance=\"batch_report_0_0\",{labels}}}"] > 1 << 20
+    assert after["process_resident_memory_bytes"] > 1 << 20 and after["process_cpu_seconds_total"] > 0
 
 
 def test_failures_and_restarts_are_counted(server):

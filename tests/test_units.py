@@ -1,7 +1,10 @@
 """The pure pieces, tested directly: the batch policy under a fake clock, the arena allocator,
 the batch codec, the BYTES format, the CUDA IPC handle struct, HPACK blocks that may be cached."""
 
+import asyncio
+import time
 from collections import deque
+from types import SimpleNamespace
 
 import hpack
 import numpy as np
@@ -13,7 +16,7 @@ from tritonmp.frontends import grpc_codec, http2
 from tritonmp.ipc import transport
 from tritonmp.ipc.arena import Arena, segment_name
 from tritonmp.scheduling import batching
-from tritonmp.scheduling.scheduler import BatchPolicy
+from tritonmp.scheduling.scheduler import BatchPolicy, Scheduler
 from tritonmp.workers import cuda_shm
 
 
@@ -59,6 +62,45 @@ def test_policy_without_dynamic_batching_sends_one_request():
     batch, _ = policy.take(queue, now_ns=0)
     assert len(batch) == 1 and len(queue) == 1
     assert policy.take(deque(), 0) == (None, None)
+
+
+def _wait_for_a_batch(precise: bool) -> tuple[int, int]:
+    """On uvloop (whose timers count milliseconds), one request queued for a 300 µs batching
+    delay at an idle instance: (ns from its arrival until it was sent, wake-ups of the scheduler)."""
+    uvloop = pytest.importorskip("uvloop")
+    sent = []
+
+    async def run():
+        instance = SimpleNamespace(batch=None, run=lambda batch: sent.append(time.monotonic_ns()))
+        pool = SimpleNamespace(idle=deque([instance]), instances=[], model_name="m", on_idle=None, on_down=None)
+        scheduler = Scheduler(pool, BatchPolicy(8, True, [], max_queue_delay_ns=300_000))
+        scheduler._precise_failed = not precise
+        wakeups = 0
+        fire = scheduler._fire
+
+        def counted():
+            nonlocal wakeups
+            wakeups += 1
+            fire()
+
+        scheduler._fire = counted
+        request = _req()
+        scheduler.submit(request)
+        deadline = time.monotonic() + 5
+        while not sent and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        scheduler.close()
+        return sent[0] - request.arrival_ns, wakeups
+
+    return uvloop.run(run())
+
+
+def test_a_sub_millisecond_batching_delay_is_waited_out_without_spinning():
+    waited, wakeups = _wait_for_a_batch(precise=True)
+    assert waited >= 300_000 and wakeups <= 2
+    # the loop's own timers fire early, again and again, until the deadline has passed
+    waited, wakeups = _wait_for_a_batch(precise=False)
+    assert waited >= 300_000 and wakeups > 10
 
 
 @pytest.fixture

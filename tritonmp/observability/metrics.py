@@ -225,11 +225,13 @@ def render(models, system: SystemSampler) -> bytes:
         out.histogram("tritonmp_queue_duration_us", LATENCY_BUCKETS_US, s.queue_buckets, s.ns["queue"] / 1000,
                       model=mv.name, version=str(mv.version))
     out.family("tritonmp_model_ready", "gauge",
-               "1 when the model version is READY, 0 when it is loading, unloading or unavailable")
-    for row in models.index():
-        if "state" in row:
-            out.sample("tritonmp_model_ready", int(row["state"] == "READY"), model=row["name"],
-                       version=row.get("version", ""))
+               "1 when the model version is READY, 0 when it is loading, unloading or unavailable (a model "
+               "that failed to load has version \"\"; models unloaded on purpose are not listed)")
+    for name, entry in sorted(models.models.items()):
+        for version, mv in sorted(entry.versions.items()):
+            out.sample("tritonmp_model_ready", int(mv.state == "READY"), model=name, version=str(version))
+        if entry.problem and not entry.versions:
+            out.sample("tritonmp_model_ready", 0, model=name, version="")
     out.family("tritonmp_queue_depth", "gauge", "Requests waiting in the model's queue")
     out.family("tritonmp_inflight_requests", "gauge", "Requests executing on the model's instances")
     out.family("tritonmp_worker_restarts_total", "counter", "Worker processes of the model restarted after dying")

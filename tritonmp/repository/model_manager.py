@@ -116,6 +116,8 @@ class ModelVersion:
         self.state = "UNAVAILABLE"
         self.reason = "unloaded"
         self.scheduler.fail_all(unavailable(f"model '{self.name}' version {self.version} is unloading"))
+        if isinstance(self.scheduler, Scheduler):
+            self.scheduler.close()
         await self.pool.stop(deadline)
 
 

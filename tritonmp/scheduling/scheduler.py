@@ -8,6 +8,7 @@ an idle instance.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -16,6 +17,9 @@ from dataclasses import dataclass, field
 from ..core import InferRequest
 from ..errors import invalid, unavailable
 from ..ipc.pool import InstancePool
+from .precise_timer import PreciseTimer
+
+log = logging.getLogger("tritonmp.scheduler")
 
 
 class BatchPolicy:
@@ -135,8 +139,11 @@ class Scheduler:
         self._per_level: dict[int, int] = {}
         self._timed = 0  # queued requests that carry a deadline
         self._last_ordered: asyncio.Future | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # a wait armed on the loop's own timers
         self._timer_at = 0
+        self._precise: PreciseTimer | None = None  # waits on time.monotonic_ns, to the microsecond
+        self._precise_armed = False
+        self._precise_failed = False
         self._drain = DrainWaiters(self.busy)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop it serves, found on first use
         pool.on_idle = self.pump
@@ -277,18 +284,56 @@ class Scheduler:
             idle.popleft().run(batch)
 
     def _arm(self, deadline_ns: int) -> None:
-        if self._timer is not None:
+        """Pump again at `deadline_ns` (a batch's queue delay, a request's queue timeout). On the
+        monotonic clock the wait is a timerfd, exact to the microsecond: the loop's own timers count
+        milliseconds, and a shorter wait through them fires early, over and over, until its
+        deadline passes (a busy loop)."""
+        if self._timer is not None or self._precise_armed:
             if self._timer_at <= deadline_ns:
                 return
-            self._timer.cancel()
+            self._disarm()
+        self._timer_at = deadline_ns
+        precise = self._precise_timer()
+        if precise is not None:
+            precise.at(deadline_ns)
+            self._precise_armed = True
+            return
         loop = self._running_loop()
         delay = max(0, deadline_ns - self.clock()) / 1e9
-        self._timer_at = deadline_ns
         self._timer = loop.call_at(loop.time() + delay, self._fire)
+
+    def _precise_timer(self) -> PreciseTimer | None:
+        if self._precise is None and not self._precise_failed:
+            if self.clock is not time.monotonic_ns:  # a test's clock: the loop's timers it is
+                self._precise_failed = True
+                return None
+            try:
+                self._precise = PreciseTimer(self._running_loop(), self._fire)
+            except (OSError, AttributeError, NotImplementedError) as e:  # no timerfd here
+                log.debug("queue delays use the event loop's timers: %s", e)
+                self._precise_failed = True
+        return self._precise
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._precise_armed:
+            self._precise.cancel()
+            self._precise_armed = False
 
     def _fire(self) -> None:
         self._timer = None
+        self._precise_armed = False
         self.pump()
+
+    def close(self) -> None:
+        """The model version is stopping: no more waits, and the timer's descriptor goes."""
+        self._disarm()
+        self._precise_failed = True  # a late pump waits on the loop's timers, never on a new descriptor
+        if self._precise is not None:
+            self._precise.close()
+            self._precise = None
 
     def fail_all(self, error: Exception) -> None:
         while self.queue:

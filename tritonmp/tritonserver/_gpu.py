@@ -3,7 +3,8 @@
 `DeviceMemory` is device memory this process allocated (an output asked for on a GPU, a tensor
 moved there with `Tensor.to_device`), freed when the last reference goes; `BorrowedMemory` is a
 DLPack producer's GPU tensor, handed back to it when the last reference goes. Copies are
-synchronous `cudaMemcpy`s on the legacy default stream, so memory handed out is ready to use.
+`cudaMemcpy`s on the legacy default stream, waited for, so memory handed out is ready to use on
+any stream.
 Nothing here is loaded until a GPU tensor or GPU output is asked for.
 """
 
@@ -74,14 +75,18 @@ def to_device(array: np.ndarray, device_id: int) -> DeviceMemory:
     """A copy of a host array on GPU `device_id`."""
     array = np.ascontiguousarray(array)
     memory = DeviceMemory(array.nbytes, device_id)
-    runtime().copy(memory.pointer, array.ctypes.data, array.nbytes)
+    cuda = runtime()
+    cuda.copy(memory.pointer, array.ctypes.data, array.nbytes)
+    cuda.synchronize(0)  # from pageable memory cudaMemcpy may return before the DMA is done
     return memory
 
 
 def copy_to_device(memory, device_id: int) -> DeviceMemory:
     """A copy of GPU memory on GPU `device_id`."""
     copied = DeviceMemory(memory.nbytes, device_id)
-    runtime().copy(copied.pointer, memory.pointer, memory.nbytes)
+    cuda = runtime()
+    cuda.copy(copied.pointer, memory.pointer, memory.nbytes)
+    cuda.synchronize(0)  # device to device, cudaMemcpy does not wait
     return copied
 
 
