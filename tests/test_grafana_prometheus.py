@@ -15,7 +15,7 @@ import orjson
 import pytest
 import yaml
 
-from conftest import ROOT, free_ports, wait_for
+from conftest import ROOT, free_ports, serving, wait_for
 
 PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
 pytestmark = pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None,
@@ -49,11 +49,15 @@ def _ready(port: int) -> bool:
         return False
 
 
-@pytest.fixture
-def prometheus(start_server, example_repo, test_repo, tmp_path):
+@pytest.fixture(scope="module")
+def prometheus(example_repo, test_repo, tmp_path_factory):
     """A tritonmp under steady load, and a Prometheus scraping it every second with the shipped
-    scrape settings and rules."""
-    server = start_server([example_repo, test_repo], "--exit-on-error=false")
+    scrape settings and rules (one of each for the module: the alert test's crash comes last)."""
+    with serving([example_repo, test_repo], ["--exit-on-error=false"], tmp_path_factory) as server:
+        yield from _prometheus(server, tmp_path_factory.mktemp("prometheus"))
+
+
+def _prometheus(server, tmp_path):
     stop = threading.Event()
 
     def load():
