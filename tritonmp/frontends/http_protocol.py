@@ -115,7 +115,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     max_body = 0  # the largest body received into one buffer (the application's input limit); 0: none
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
-        self._guard: asyncio.TimerHandle | None = None
+        self._guard: asyncio.TimerHandle | None = None  # fires at or before the deadline
+        self._guard_at = 0.0
+        self._deadline: float | None = None  # loop time by which the client must have sent `_what`
+        self._what = ""
         self._body: ReceivedBody | None = None
         super().connection_made(transport)
         self.transport = CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
@@ -128,20 +131,44 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._disarm()
-        super().connection_lost(exc)
-
-    def _arm(self, seconds: float, what: str) -> None:
-        self._disarm()
-        if seconds > 0:
-            self._guard = self.loop.call_later(seconds, self._expired, what)
-
-    def _disarm(self) -> None:
         if getattr(self, "_guard", None) is not None:
             self._guard.cancel()
             self._guard = None
+        super().connection_lost(exc)
+
+    # The deadlines move with every request and every piece of a body, so they are kept as a time,
+    # and one timer per connection checks them: it is made again only when it would fire too late,
+    # not (as a call_later each) several times a request.
+
+    def _arm(self, seconds: float, what: str) -> None:
+        if seconds <= 0:
+            self._deadline = None
+            return
+        self._deadline = deadline = self.loop.time() + seconds
+        self._what = what
+        if self._guard is not None and self._guard_at <= deadline:
+            return  # it fires first, and looks again then
+        if self._guard is not None:
+            self._guard.cancel()
+        self._guard_at = deadline
+        self._guard = self.loop.call_at(deadline, self._check)
+
+    def _disarm(self) -> None:
+        self._deadline = None
+
+    def _check(self) -> None:
+        self._guard = None
+        deadline = self._deadline
+        if deadline is None:
+            return
+        if self.loop.time() < deadline:  # moved on since the timer was made
+            self._guard_at = deadline
+            self._guard = self.loop.call_at(deadline, self._check)
+            return
+        self._deadline = None
+        self._expired(self._what)
 
     def _expired(self, what: str) -> None:
-        self._guard = None
         if self.flow is not None and self.flow.read_paused:  # the server is the slow one: wait on
             self._arm(self.limits.body_timeout, what)
             return
@@ -157,7 +184,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         self._body = None
         super().on_message_begin()
-        if self._guard is None:  # a keep-alive connection's next request: its own deadline
+        if self._deadline is None:  # a keep-alive connection's next request: its own deadline
             self._arm(self.limits.header_timeout, "its request headers")
 
     def on_headers_complete(self) -> None:
