@@ -68,10 +68,10 @@ def _wait_for_a_batch(precise: bool) -> tuple[int, int]:
     """On uvloop (whose timers count milliseconds), one request queued for a 300 µs batching
     delay at an idle instance: (ns from its arrival until it was sent, wake-ups of the scheduler)."""
     uvloop = pytest.importorskip("uvloop")
-    sent = []
 
     async def run():
-        instance = SimpleNamespace(batch=None, run=lambda batch: sent.append(time.monotonic_ns()))
+        sent = asyncio.get_running_loop().create_future()
+        instance = SimpleNamespace(batch=None, run=lambda batch: sent.set_result(time.monotonic_ns()))
         pool = SimpleNamespace(idle=deque([instance]), instances=[], model_name="m", on_idle=None, on_down=None)
         scheduler = Scheduler(pool, BatchPolicy(8, True, [], max_queue_delay_ns=300_000))
         scheduler._precise_failed = not precise
@@ -86,11 +86,11 @@ def _wait_for_a_batch(precise: bool) -> tuple[int, int]:
         scheduler._fire = counted
         request = _req()
         scheduler.submit(request)
-        deadline = time.monotonic() + 5
-        while not sent and time.monotonic() < deadline:
-            await asyncio.sleep(0.001)
-        scheduler.close()
-        return sent[0] - request.arrival_ns, wakeups
+        try:
+            sent_ns = await asyncio.wait_for(sent, 5)  # the batch goes to the instance
+        finally:
+            scheduler.close()
+        return sent_ns - request.arrival_ns, wakeups
 
     return uvloop.run(run())
 
