@@ -349,6 +349,41 @@ def test_gpu_tensors_in_and_out_on_a_host_memory_cuda(server, monkeypatch):
     with pytest.raises(tritonserver.InvalidArgumentError, match="memory type or device"):
         tritonserver.Tensor.from_dlpack(ONES).to_device("tpu:0")
 
+    def out_of_memory(nbytes):
+        raise ValueError(f"cudaMalloc of {nbytes} bytes failed: out of memory (CUDA error 2)")
+
+    cuda.malloc = out_of_memory  # an output that cannot be copied to the GPU fails its response
+    (failed,) = server.model("add").infer(inputs={"A": ONES, "B": ONES}, output_memory_type="gpu",
+                                          raise_on_error=False)
+    assert failed.final and isinstance(failed.error, tritonserver.InternalError) and not failed.outputs
+    assert "out of memory" in str(failed.error)
+    with pytest.raises(tritonserver.InternalError, match="out of memory"):
+        list(server.model("add").infer(inputs={"A": ONES, "B": ONES}, output_memory_type="gpu"))
+    np.testing.assert_array_equal(  # and the model serves on
+        np.from_dlpack(next(iter(server.model("add").infer(inputs={"A": ONES, "B": ONES}))).outputs["C"]), ONES * 2)
+
+
+def test_a_model_versions_batching_timer_goes_with_it(server):
+    """add_py's 100 us batching delay is waited on a timerfd of its scheduler, closed on unload."""
+    def timerfds():
+        fds = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[timerfd]":
+                    fds.append(fd)
+            except OSError:  # the listing's own descriptor, gone already
+                pass
+        return len(fds)
+
+    (response,) = server.model("add_py").infer(inputs={"A": ONES, "B": ONES})
+    assert response.error is None
+    armed = timerfds()
+    assert armed >= 1
+    server.unload("add_py", wait_until_unloaded=True, timeout=30)
+    assert timerfds() == armed - 1
+    server.load("add_py")
+    assert server.model("add_py").ready()
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not visible_gpus(), reason="no NVIDIA GPU visible on this machine")

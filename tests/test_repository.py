@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import X_TO_Y_CONFIG, add_inputs, write_model
+from conftest import X_TO_Y_CONFIG, add_inputs, scrape_metrics, write_model
 from make_example_repo import binary_op_model
 
 ADD_PY_CONFIG = {
@@ -58,6 +58,8 @@ def test_load_and_unload_over_http_and_grpc(explicit):
     explicit.wait_until(lambda: {"name": "add_py", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
                         in client.get_model_repository_index(), what="unload")
     assert not client.is_model_ready("add_py")
+    # unloaded on purpose: not a model version the not-ready alert should fire for
+    assert not [k for k in scrape_metrics(explicit) if k.startswith('tritonmp_model_ready{model="add_py"')]
     g = grpcclient.InferenceServerClient(explicit.grpc_url)
     g.load_model("add_py")
     assert g.is_model_ready("add_py")
@@ -191,3 +193,5 @@ def test_a_model_that_fails_to_initialize_reports_why(start_server, tmp_path):
     assert str(tmp_path) not in message and "python_backend.py" not in message
     (row,) = client.get_model_repository_index()
     assert row["state"] == "UNAVAILABLE" and "no weights here" in row["reason"]
+    ready = {k: v for k, v in scrape_metrics(server).items() if k.startswith("tritonmp_model_ready")}
+    assert ready == {'tritonmp_model_ready{model="broken",version=""}': 0}  # what the not-ready alert sees
