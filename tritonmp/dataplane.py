@@ -176,12 +176,28 @@ class Dataplane:
     async def infer(self, request: InferRequest, endpoint: str = "This call") -> InferResponse:
         """One request, one response. `endpoint` names the caller in Triton's refusal of a decoupled
         model ("HTTP end point", "ModelInfer RPC"), which clients match on."""
+        return await self.submit(request, endpoint)
+
+    def submit(self, request: InferRequest, endpoint: str = "This call") -> asyncio.Future:
+        """`infer` as a future, for a frontend that answers from the future's done-callback: where
+        nothing between the frontend and the scheduler needs to wait (no trace, no response cache,
+        no classification), the scheduler's own future, with no task made for the request. A
+        request refused before it is queued raises ServerError here."""
         start_ns = time.monotonic_ns()
         mv = self.models.get(request.model_name, request.model_version)
         if mv.pool.decoupled:
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy; model "
                               f"'{mv.name}' may send any number of responses: use the gRPC ModelStreamInfer stream")
         trace = self.tracer.sample(mv.name, mv.version)
+        if trace is None and (self.cache is None or not mv.config.response_cache.enable):
+            self._prepare(mv, request)
+            if not request.outputs or not any(o.parameters and class_count(o.parameters, o.name)
+                                              for o in request.outputs):
+                return mv.scheduler.submit(request)
+            return asyncio.ensure_future(self._infer(mv, request, prepared=True))
+        return asyncio.ensure_future(self._traced(mv, request, trace, start_ns))
+
+    async def _traced(self, mv, request: InferRequest, trace, start_ns: int) -> InferResponse:
         if trace is None:
             return await self._infer(mv, request)
         trace.mark("REQUEST_START", start_ns)
@@ -235,8 +251,9 @@ class Dataplane:
             # the frontend never touches client shm bytes, so it cannot merge them: batch alone
             request.shape_key += (("client shm", id(request)),)
 
-    async def _infer(self, mv, request: InferRequest) -> InferResponse:
-        self._prepare(mv, request)
+    async def _infer(self, mv, request: InferRequest, prepared: bool = False) -> InferResponse:
+        if not prepared:
+            self._prepare(mv, request)
         wanted = {o.name: class_count(o.parameters, o.name) for o in request.outputs or ()}
         key = None
         if self.cache is not None and mv.config.response_cache.enable:

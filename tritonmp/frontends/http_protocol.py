@@ -11,6 +11,14 @@ messages, which gather it 64 KiB at a time and copy it twice more on the way to 
 
 What the connection writes in one turn of the event loop goes out in one system call
 (`CoalescingTransport`): uvicorn writes a response's head and body apart.
+
+The infer route's common case skips ASGI (`FastInfer`): a `POST .../infer` whose small body has a
+declared length and no coding is decoded when its last byte arrives, handed to the dataplane, and
+answered from its future's done-callback, with no task, scope, ASGI messages or body copies for
+it. Whatever else (chunked, compressed, large or `Expect: 100-continue` bodies, pipelined
+requests, restricted APIs, a client that is not reading) takes uvicorn's ASGI cycle as before; both
+paths answer the same. The keep-alive timeout between requests is one more deadline of the
+connection's timer instead of a call_later per response.
 """
 
 from __future__ import annotations
@@ -21,7 +29,10 @@ import resource
 from dataclasses import dataclass
 
 import numpy as np
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import orjson
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from ..errors import ServerError, unavailable
 
 log = logging.getLogger("tritonmp.http")
 
@@ -93,6 +104,13 @@ class CoalescingTransport:
             self._loop.call_soon(self._flush)
         self._pending.append(data)
 
+    def write_parts(self, parts: list) -> None:
+        """A whole response at once: written now, after anything still pending."""
+        if self._pending:
+            self._pending.extend(parts)
+        elif not self._transport.is_closing():
+            self._transport.writelines(parts)
+
     def writelines(self, parts) -> None:
         for part in parts:
             self.write(part)
@@ -110,9 +128,87 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
+class _NoEvent:
+    """The cycle's message event, which nothing waits on for a FastInfer."""
+
+    @staticmethod
+    def set() -> None:
+        pass
+
+
+class FastInfer:
+    """One infer request answered without ASGI: the parts of uvicorn's request-response cycle that
+    the protocol and the server look at (response_complete, disconnected, keep_alive), and the
+    request's own."""
+
+    __slots__ = ("protocol", "model", "version", "header_length", "accept_encoding", "keep_alive",
+                 "body", "request", "binary_default", "response_complete", "disconnected")
+    message_event = _NoEvent()
+    more_body = True
+
+    def __init__(self, protocol: GuardedHttpProtocol, model: str, version: str, header_length: int | None,
+                 accept_encoding: str, keep_alive: bool):
+        self.protocol = protocol
+        self.model = model
+        self.version = version
+        self.header_length = header_length
+        self.accept_encoding = accept_encoding
+        self.keep_alive = keep_alive
+        self.body: list = []
+        self.request = None
+        self.binary_default = False
+        self.response_complete = False
+        self.disconnected = False
+
+    def start(self) -> None:
+        """The body is complete: decode the request and queue it."""
+        app = self.protocol.fast_app
+        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        self.body = []
+        try:
+            self.request, self.binary_default = app.decode_infer(body, self.header_length, self.model,
+                                                                 self.version)
+            future = app.dp.submit(self.request, "HTTP end point")
+        except Exception as e:  # noqa: BLE001 - answered as the ASGI path answers it
+            self._failed(e)
+            return
+        future.add_done_callback(self.finished)
+
+    def finished(self, future: asyncio.Future) -> None:
+        if future.cancelled():
+            self._failed(unavailable("the request was cancelled"))
+            return
+        error = future.exception()
+        if error is not None:
+            self._failed(error)
+            return
+        try:
+            headers, out = self.protocol.fast_app.encode_infer(future.result(), self.request, self.binary_default,
+                                                               self.accept_encoding)
+        except Exception as e:  # noqa: BLE001
+            self._failed(e)
+            return
+        self.protocol.fast_reply(self, 200, headers, out if isinstance(out, list) else [out])
+
+    def _failed(self, error: BaseException) -> None:
+        if isinstance(error, ServerError):
+            status, message = error.status.http_status, error.message
+        else:  # a bug of ours: answer, log, and keep serving
+            log.error("POST infer of model '%s' failed", self.model, exc_info=error)
+            status, message = 500, f"internal error: {type(error).__name__}: {error}"
+        self.protocol.fast_reply(self, status, _JSON, [orjson.dumps({"error": message})])
+
+
+_JSON = [(b"content-type", b"application/json")]
+_IDLE = "nothing (idle keep-alive)"  # the deadline between a connection's requests
+_INFER_PREFIX = b"/v2/models/"
+_INFER_SUFFIX = b"/infer"
+
+
 class GuardedHttpProtocol(HttpToolsProtocol):
     limits = Limits()
     max_body = 0  # the largest body received into one buffer (the application's input limit); 0: none
+    fast_app = None  # the HttpApp whose infer route FastInfer serves; None: every request takes ASGI
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         self._guard: asyncio.TimerHandle | None = None  # fires at or before the deadline
@@ -169,6 +265,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._expired(self._what)
 
     def _expired(self, what: str) -> None:
+        if what is _IDLE:  # uvicorn's keep-alive timeout
+            if not self.transport.is_closing():
+                self.transport.close()
+            return
         if self.flow is not None and self.flow.read_paused:  # the server is the slow one: wait on
             self._arm(self.limits.body_timeout, what)
             return
@@ -178,6 +278,22 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.cycle.disconnected = True
             self.cycle.message_event.set()
         self.transport.close()
+
+    def _unset_keepalive_if_required(self) -> None:  # data arrived, or the connection ended
+        if self._what is _IDLE:
+            self._deadline = None
+
+    def on_response_complete(self) -> None:
+        """uvicorn's, with the keep-alive timeout kept on the connection's timer."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self._arm(self.timeout_keep_alive, _IDLE)
 
     # ---- parser callbacks ----
 
@@ -189,6 +305,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        fast = self._fast_infer() if self.fast_app is not None else None
+        if fast is not None:
+            self.cycle = fast
+            self._arm(self.limits.body_timeout, "its request body")
+            return
         super().on_headers_complete()
         if self.cycle is not None and self.cycle.more_body:
             self._arm(self.limits.body_timeout, "its request body")
@@ -196,9 +317,46 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if LARGE_BODY <= length <= self.max_body:
                 self._body = self.scope[BODY_KEY] = ReceivedBody(length)
 
+    def _fast_infer(self) -> FastInfer | None:
+        """A FastInfer for this request when it is an infer whose body can be taken whole without
+        ASGI, else None."""
+        url = self.url
+        if not (url.startswith(_INFER_PREFIX) and url.endswith(_INFER_SUFFIX)) or b"%" in url or b"?" in url \
+                or self.parser.get_method() != b"POST" or self.expect_100_continue or self.flow.write_paused \
+                or (self.cycle is not None and not self.cycle.response_complete):
+            return None
+        app = self.fast_app
+        if app.restrictions:
+            return None
+        try:
+            m = app.infer_route.fullmatch(url.decode("ascii"))
+        except UnicodeDecodeError:
+            return None
+        if m is None:
+            return None
+        length = -1
+        for key, value in self.headers:
+            if key == b"content-length":
+                if not value.isdigit():
+                    return None
+                length = int(value)
+            elif key in (b"transfer-encoding", b"content-encoding", b"upgrade"):
+                return None
+        if not 0 <= length < LARGE_BODY or length > app.max_input_size:
+            return None
+        try:
+            header_length, _, accept_encoding = app.infer_headers(self.headers)
+        except ServerError:
+            return None  # the ASGI path answers it
+        keep_alive = self.parser.should_keep_alive() and self.parser.get_http_version() != "1.0"
+        return FastInfer(self, m["model"], m["version"] or "", header_length, accept_encoding, keep_alive)
+
     def on_body(self, body: bytes) -> None:
-        if self._body is not None:
-            if not self.cycle.response_complete:  # else answered already: the rest is dropped
+        cycle = self.cycle
+        if type(cycle) is FastInfer:
+            cycle.body.append(body)
+        elif self._body is not None:
+            if not cycle.response_complete:  # else answered already: the rest is dropped
                 self._body.write(body)  # the parser delivers no more than the declared length
         else:
             super().on_body(body)
@@ -207,10 +365,37 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._disarm()
         self._body = None
+        cycle = self.cycle
+        if type(cycle) is FastInfer and not cycle.response_complete:
+            cycle.start()
+            return
         super().on_message_complete()
 
+    def fast_reply(self, cycle: FastInfer, status: int, headers: list, parts: list) -> None:
+        """Write a FastInfer's response: head and body in one system call."""
+        if cycle.response_complete:
+            return
+        cycle.response_complete = True
+        if cycle.disconnected:
+            return
+        head = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            head += (name, b": ", value, b"\r\n")
+        for name, value in headers:
+            head += (name, b": ", value, b"\r\n")
+        head += (b"content-length: ", str(sum(len(p) for p in parts)).encode(), b"\r\n")
+        if not cycle.keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        self.transport.write_parts([b"".join(head), *parts])
+        if not cycle.keep_alive:
+            self.transport.close()
+        self.on_response_complete()
 
-def protocol_class(limits: Limits, max_body: int = 0) -> type[GuardedHttpProtocol]:
+
+def protocol_class(limits: Limits, max_body: int = 0, fast_app=None) -> type[GuardedHttpProtocol]:
     """The protocol class for one listener with these limits (uvicorn takes a class); bodies up to
-    `max_body` bytes are received into one buffer each."""
-    return type("GuardedHttpProtocol", (GuardedHttpProtocol,), {"limits": limits, "max_body": max_body})
+    `max_body` bytes are received into one buffer each; `fast_app`'s infer route is served without
+    ASGI where it can be."""
+    return type("GuardedHttpProtocol", (GuardedHttpProtocol,),
+                {"limits": limits, "max_body": max_body, "fast_app": fast_app})

@@ -102,6 +102,8 @@ DEFAULT_MAX_INPUT_SIZE = 64 << 20  # --http-max-input-size, as later Triton rele
 
 
 class HttpApp:
+    infer_route = INFER  # the infer route's pattern, also matched by the protocol's fast path
+
     def __init__(self, dataplane: Dataplane, restrictions: Restrictions | None = None,
                  max_input_size: int = DEFAULT_MAX_INPUT_SIZE):
         self.dp = dataplane
@@ -345,38 +347,61 @@ class HttpApp:
 
     # -- inference -------------------------------------------------------------------------
     async def infer(self, scope, receive, send, model: str, version: str) -> None:
-        header_length = None
-        content_encoding = accept_encoding = ""
-        for key, value in scope["headers"]:
-            if key == b"inference-header-content-length":
-                try:
-                    header_length = int(value)
-                except ValueError:
-                    raise ServerError(f"Inference-Header-Content-Length '{value.decode(errors='replace')}' "
-                                      "is not a number") from None
-            elif key == b"content-encoding":
-                content_encoding = value.decode("latin-1")
-            elif key == b"accept-encoding":
-                accept_encoding = value.decode("latin-1")
+        header_length, content_encoding, accept_encoding = infer_headers(scope["headers"])
         body = await self._read_body(receive)
         if content_encoding:
             body = await self._inflate(body, content_encoding)
-        if header_length == 0:  # a raw binary request: no JSON header, the body is the one input
-            mv = self.dp.models.get(model, version)
-            request = http_codec.decode_raw(body, model, version, mv.inputs, mv.max_batch_size)
-            binary_default = True
-        elif header_length is None:  # JSON only: a large one is decoded off the event loop
+        if header_length is None and len(body) > json_offload.OFFLOAD_BYTES:
             request, binary_default = await json_offload.decode_infer(body, model, version)
         else:
-            request, binary_default = http_codec.decode_infer(body, header_length, model, version)
+            request, binary_default = self.decode_infer(body, header_length, model, version)
         response = await self.dp.infer(request, "HTTP end point")
+        headers, out = self.encode_infer(response, request, binary_default, accept_encoding)
+        await _send(send, 200, out, headers)
+
+    def decode_infer(self, body, header_length: int | None, model: str, version: str):
+        """The request of an infer body in hand (JSON, JSON and binary tensors, or one raw binary
+        input), and whether its outputs default to binary."""
+        if header_length == 0:  # a raw binary request: no JSON header, the body is the one input
+            mv = self.dp.models.get(model, version)
+            return http_codec.decode_raw(body, model, version, mv.inputs, mv.max_batch_size), True
+        return http_codec.decode_infer(body, header_length, model, version)
+
+    @staticmethod
+    def infer_headers(headers: list) -> tuple[int | None, str, str]:
+        return infer_headers(headers)
+
+    @staticmethod
+    def encode_infer(response, request, binary_default: bool, accept_encoding: str) -> tuple[list, bytes | list]:
+        """The headers (less Content-Length) and the body, bytes or a list of parts, of an infer
+        response."""
         out, json_length = http_codec.encode_infer(response, request, binary_default)
-        headers = [(b"content-type", b"application/octet-stream" if json_length is not None
-                    else b"application/json")]
-        if json_length is not None:
-            headers.append((b"inference-header-content-length", str(json_length).encode()))
+        if json_length is None:
+            headers = _JSON
+        else:
+            headers = [(b"content-type", b"application/octet-stream"),
+                       (b"inference-header-content-length", str(json_length).encode())]
         if accept_encoding:
             out, used = http_codec.compress(out if isinstance(out, bytes) else b"".join(out), accept_encoding)
             if used:
-                headers.append((b"content-encoding", used.encode()))
-        await _send(send, 200, out, headers)
+                headers = [*headers, (b"content-encoding", used.encode())]
+        return headers, out
+
+
+def infer_headers(headers: list) -> tuple[int | None, str, str]:
+    """An infer request's Inference-Header-Content-Length (None when absent), Content-Encoding and
+    Accept-Encoding."""
+    header_length = None
+    content_encoding = accept_encoding = ""
+    for key, value in headers:
+        if key == b"inference-header-content-length":
+            try:
+                header_length = int(value)
+            except ValueError:
+                raise ServerError(f"Inference-Header-Content-Length '{value.decode(errors='replace')}' "
+                                  "is not a number") from None
+        elif key == b"content-encoding":
+            content_encoding = value.decode("latin-1")
+        elif key == b"accept-encoding":
+            accept_encoding = value.decode("latin-1")
+    return header_length, content_encoding, accept_encoding

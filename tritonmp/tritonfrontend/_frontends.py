@@ -128,9 +128,9 @@ class _Service:
         sock.listen(4096)
         return sock
 
-    def _serve_asgi(self, app, limits: Limits, graceful_timeout: float | None = None, max_body: int = 0
-                    ) -> tuple[uvicorn.Server, asyncio.Task]:
-        config = uvicorn.Config(app, loop="none", http=protocol_class(limits, max_body), lifespan="off",
+    def _serve_asgi(self, app, limits: Limits, graceful_timeout: float | None = None, max_body: int = 0,
+                    fast_app=None) -> tuple[uvicorn.Server, asyncio.Task]:
+        config = uvicorn.Config(app, loop="none", http=protocol_class(limits, max_body, fast_app), lifespan="off",
                                 access_log=False,
                                 log_level="warning", timeout_keep_alive=limits.keepalive_timeout,
                                 timeout_graceful_shutdown=graceful_timeout)
@@ -192,8 +192,8 @@ class KServeHttp(_Service):
     async def _start(self, core: ServerCore):
         o = self.options
         restrictions = _restrictions(o.restricted_features, "restricted_features")
-        return self._serve_asgi(HttpApp(core.dataplane, restrictions, o.max_input_size), o.limits,
-                                o.graceful_timeout, max_body=o.max_input_size)
+        app = HttpApp(core.dataplane, restrictions, o.max_input_size)
+        return self._serve_asgi(app, o.limits, o.graceful_timeout, max_body=o.max_input_size, fast_app=app)
 
     _stop = staticmethod(_Service._stop_asgi)
 
