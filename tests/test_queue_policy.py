@@ -174,3 +174,26 @@ def test_preserve_ordering_returns_responses_in_request_order(start_server, tmp_
     # unordered, fast_second would end ~0.8 s before slow_first; ordered, the two responses leave
     # the server back to back, and the client threads may see them a moment apart either way
     assert calls.ended["fast_second"] >= calls.ended["slow_first"] - 0.2
+
+
+@pytest.mark.parametrize("deadline", [None, 30.0], ids=["no deadline", "deadline"])
+def test_a_cancelled_grpc_call_leaves_the_queue(start_server, tmp_path, deadline):
+    """A unary ModelInfer the client cancels while it waits in the queue never executes, whether
+    the call is answered from the dataplane's future (no grpc-timeout) or runs as a task."""
+    import tritonclient.grpc as grpcclient
+
+    server = start_server([_repo(tmp_path, "")])
+    calls = Calls(server)
+    calls.send("running", 2.0)  # the cancellation reaches the server well within this
+    calls.wait_queued(1, 0)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    x = grpcclient.InferInput("X", [1, 1], "FP32")
+    x.set_data_from_numpy(np.zeros((1, 1), np.float32))
+    answers = []
+    call = client.async_infer("sleepy", [x], lambda result, error: answers.append(error), client_timeout=deadline)
+    calls.wait_queued(1, 1)
+    call.cancel()
+    calls.join()
+    after = int(client.infer("sleepy", [x]).as_numpy("SEQ")[0, 0])
+    assert after == calls.results["running"] + 1  # the cancelled one never ran
+    client.close()

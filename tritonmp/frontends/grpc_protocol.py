@@ -62,6 +62,10 @@ class Method:
     streaming: bool = False
     # how a request message's bytes become what the handler takes (default: request_type.FromString)
     parse: Callable | None = None
+    # a unary method's handler in two halves, for calls answered without a task: `start(request)`
+    # returns a future, `finish(future)` the response once it is done; both fail with RpcError
+    start: Callable[..., asyncio.Future] | None = None
+    finish: Callable | None = None
 
 
 ACCEPT_ENCODING = b"identity,deflate,gzip"
@@ -127,7 +131,7 @@ class _Call(http2.StreamHandler):
     """One RPC on one HTTP/2 stream."""
 
     __slots__ = ("conn", "stream", "method", "head", "body", "filled", "compressed", "received", "messages", "task",
-                 "encoding", "timeout", "headers_sent", "max_message", "refused")
+                 "encoding", "timeout", "headers_sent", "max_message", "refused", "future")
 
     def __init__(self, conn: http2.Connection, stream: http2.Stream, method: Method, max_message: int = (1 << 31) - 1):
         self.max_message = max_message
@@ -142,6 +146,7 @@ class _Call(http2.StreamHandler):
         self.received: list = []  # a unary call's messages, parsed at its end
         self.messages: asyncio.Queue | None = None
         self.task: asyncio.Task | None = None
+        self.future: asyncio.Future | None = None  # a call answered from its done-callback
         self.encoding = stream.headers.get(b"grpc-encoding", b"identity")
         self.timeout = _deadline(stream.headers.get(b"grpc-timeout"))
         self.headers_sent = False
@@ -228,11 +233,46 @@ class _Call(http2.StreamHandler):
         except RpcError as e:
             self._fail(e.code, e.message)
             return
-        self.task = self.conn.loop.create_task(self._run(self._unary, request))
+        if self.method.start is not None and self.timeout is None and not isinstance(request, _Compressed):
+            self._start(request)
+        else:
+            self.task = self.conn.loop.create_task(self._run(self._unary, request))
 
     def reset(self) -> None:
         if self.task is not None:
             self.task.cancel()
+        if self.future is not None:
+            self.future.cancel()
+
+    # ---- a unary call without a task ----
+
+    def _start(self, request) -> None:
+        try:
+            self.future = self.method.start(request)
+        except Exception as e:  # noqa: BLE001 - the call's status, as `_run` makes it
+            self._failed(e)
+            return
+        self.future.add_done_callback(self._finished)
+
+    def _finished(self, future: asyncio.Future) -> None:
+        self.future = None
+        if future.cancelled():
+            return  # the client reset the stream or went away: nobody to answer
+        try:
+            data = self._frame(self.method.finish(future))
+        except Exception as e:  # noqa: BLE001
+            self._failed(e)
+            return
+        if not self._send_now(data):
+            self.task = self.conn.loop.create_task(self._run(self._send_rest, data))
+
+    def _failed(self, error: BaseException) -> None:
+        if isinstance(error, RpcError):
+            self._fail(error.code, error.message)
+            return
+        log.error("gRPC call %s failed", self.stream.headers.get(b":path", b"").decode(errors="replace"),
+                  exc_info=error)
+        self._fail(Code.INTERNAL, f"internal error: {type(error).__name__}: {error}")
 
     # ---- messages ----
 
@@ -299,12 +339,20 @@ class _Call(http2.StreamHandler):
 
     async def _unary(self, request) -> None:
         data = self._frame(await self.method.handler(await self._message(request)))
+        if not self._send_now(data):
+            await self._send_rest(data)
+
+    def _send_now(self, data: bytes | list) -> bool:
+        """Send the whole response, headers to trailers, if the flow-control windows take it now."""
+        return not isinstance(data, list) and self.conn.try_send_all(self.stream, RESPONSE_HEADERS, data, OK_TRAILERS)
+
+    async def _send_rest(self, data: bytes | list) -> None:
+        """Send the response as the windows open."""
         conn, stream = self.conn, self.stream
-        if isinstance(data, list) or not conn.try_send_all(stream, RESPONSE_HEADERS, data, OK_TRAILERS):
-            conn.send_headers(stream, RESPONSE_HEADERS)
-            self.headers_sent = True
-            await self._send(data)
-            conn.send_headers(stream, OK_TRAILERS, end_stream=True)
+        conn.send_headers(stream, RESPONSE_HEADERS)
+        self.headers_sent = True
+        await self._send(data)
+        conn.send_headers(stream, OK_TRAILERS, end_stream=True)
 
     async def _requests(self):
         while True:

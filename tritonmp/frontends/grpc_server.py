@@ -78,6 +78,21 @@ class InferenceService:
         core = grpc_codec.decode_infer(request)
         return grpc_codec.encode_infer_wire(await self.dp.infer(core, "ModelInfer RPC"))
 
+    def start_infer(self, request) -> asyncio.Future:
+        """ModelInfer's first half, for the built-in engine: the request decoded and queued."""
+        try:
+            return self.dp.submit(grpc_codec.decode_infer(request), "ModelInfer RPC")
+        except ServerError as e:
+            raise RpcError(CODE_OF[e.status], e.message) from None
+
+    @staticmethod
+    def finish_infer(future: asyncio.Future):
+        """ModelInfer's second half: the response of a done future, or its error as a status."""
+        try:
+            return grpc_codec.encode_infer_wire(future.result())
+        except ServerError as e:
+            raise RpcError(CODE_OF[e.status], e.message) from None
+
     async def ModelStatistics(self, request):
         return json_format.ParseDict(self.dp.statistics(request.name, request.version), pb.ModelStatisticsResponse(),
                                      ignore_unknown_fields=True)
@@ -233,8 +248,12 @@ def methods(service: InferenceService) -> dict[str, Method]:
         handler = getattr(service, m.name)
         streaming = m.client_streaming or m.server_streaming
         parse = grpc_codec.parse_infer_request if m.input_type.name == "ModelInferRequest" else None
+        start = finish = None
+        if m.name == "ModelInfer":  # answered from the dataplane's future, without a task per call
+            start, finish = service.start_infer, service.finish_infer
         table[f"/{SERVICE}/{m.name}"] = Method(getattr(pb, m.input_type.name),
-                                               handler if streaming else _errors_to_status(handler), streaming, parse)
+                                               handler if streaming else _errors_to_status(handler), streaming, parse,
+                                               start, finish)
     return table
 
 
