@@ -1,7 +1,9 @@
 """The HTTP/REST frontend (KServe v2 with Triton's extensions) as one ASGI app for uvicorn.
 
 Handlers only decode into the core's request type and encode its answers; the infer route is
-dispatched by a precompiled pattern ahead of the router, the others by a small route table.
+dispatched by a precompiled pattern ahead of the router, the others by a small route table. The
+infer route's common case does not reach this app: the protocol serves it (http_protocol.FastInfer)
+with the same `decode_infer` and `encode_infer`.
 """
 
 from __future__ import annotations
