@@ -47,13 +47,17 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
-def free_ports(n: int) -> list[int]:
-    """n distinct free ports: all held open while they are chosen, so none is handed out twice."""
+def free_ports(n: int, avoid: tuple[int, ...] = ()) -> list[int]:
+    """n distinct free ports: all held open while they are chosen, so none is handed out twice,
+    and none of `avoid` (ports handed to a server that may not have bound them yet)."""
     sockets = []
     try:
-        for _ in range(n):
+        while len(sockets) < n:
             s = socket.socket()
             s.bind(("127.0.0.1", 0))
+            if s.getsockname()[1] in avoid:
+                s.close()
+                continue
             sockets.append(s)
         return [s.getsockname()[1] for s in sockets]
     finally:

@@ -29,8 +29,9 @@ pytestmark = [pytest.mark.compat,
 
 
 class Reference:
-    def __init__(self, repo: Path, log_path: Path, args: tuple[str, ...] = ("--load-model=*",)):
-        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
+    def __init__(self, repo: Path, log_path: Path, args: tuple[str, ...] = ("--load-model=*",),
+                 avoid: tuple[int, ...] = ()):
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(3, avoid)
         self.log_file = open(log_path, "wb")
         self.proc = subprocess.Popen(
             [str(REFERENCE), "--model-repository", str(repo), "--model-control-mode=explicit", *args,
@@ -51,7 +52,7 @@ def both_serving(repo: Path, logs: Path, args: tuple[str, ...] = ("--load-model=
     """tritonmp and the reference, ready, on the same repository in explicit mode."""
     ours = ServerProcess([repo], ["--model-control-mode=explicit", *args, "--allow-client-shm=true"],
                          logs / "tritonmp.log")
-    ref = Reference(repo, logs / "triton.log", args)
+    ref = Reference(repo, logs / "triton.log", args, (ours.http_port, ours.grpc_port, ours.metrics_port))
     try:
         ours.wait_ready()
         ours.wait_until(lambda: ref.get("/v2/health/ready")[0] == 200, timeout=120, what="the reference server")
@@ -458,7 +459,7 @@ def test_restricted_apis_match_for_every_endpoint(tmp_path):
     with contextlib.ExitStack() as stack:
         ours = ServerProcess([repo], ["--model-control-mode=explicit", *args], tmp_path / "tritonmp.log")
         stack.callback(ours.cleanup)
-        ref = Reference(repo, tmp_path / "triton.log", tuple(args))
+        ref = Reference(repo, tmp_path / "triton.log", tuple(args), (ours.http_port, ours.grpc_port, ours.metrics_port))
         stack.callback(lambda: (ref.proc.send_signal(signal.SIGTERM), ref.proc.wait(30), ref.log_file.close()))
         for server in (ours, ref):  # readiness is restricted too: wait with the header
             ours.wait_until(lambda s=server: http_request(s.http_port, "GET", "/v2/health/ready",
