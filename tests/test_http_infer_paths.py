@@ -158,3 +158,35 @@ def test_idle_keep_alive_connections_close_after_the_timeout(start_server, tmp_p
         assert _read_response(s)[0] == 200  # and the connection serves on
         assert 0.5 < _seconds_until_closed(s, 10) < 5
     assert http_request(server.http_port, "GET", "/v2/health/ready")[0] == 200
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_client_that_sends_without_reading_is_held_to_a_bounded_buffer(server):
+    """Requests sent back to back by a client that never reads its answers: the server stops
+    reading from it once its answers back up, instead of buffering them without end, and serves
+    others meanwhile."""
+    one = _request("/v2/models/add_py/infer", orjson.dumps(ADD), {}, chunked=False)
+    before = _rss_mib(server.pid)
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.setblocking(False)
+        sent, pending, stalled_since = 0, memoryview(one), None
+        while stalled_since is None or time.monotonic() - stalled_since < 1.0:
+            try:
+                pending = pending[s.send(pending):]
+                if not pending:
+                    sent, pending = sent + 1, memoryview(one)
+                stalled_since = None
+            except BlockingIOError:  # the server has stopped reading from us
+                stalled_since = stalled_since or time.monotonic()
+                assert http_request(server.http_port, "GET", "/v2/health/ready")[0] == 200
+            assert sent < 200_000, "the server kept reading a client that never reads"
+        assert _rss_mib(server.pid) - before < 64
+        assert http_request(server.http_port, "POST", "/v2/models/add_py/infer", orjson.dumps(ADD))[0] == 200

@@ -18,7 +18,8 @@ answered from its future's done-callback, with no task, scope, ASGI messages or 
 it. Whatever else (chunked, compressed, large or `Expect: 100-continue` bodies, pipelined
 requests, restricted APIs, a client that is not reading) takes uvicorn's ASGI cycle as before; both
 paths answer the same. The keep-alive timeout between requests is one more deadline of the
-connection's timer instead of a call_later per response.
+connection's timer instead of a call_later per response. Reading from a connection stays paused
+while requests it sent ahead wait their turn (`PipelineFlowControl`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import orjson
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..errors import ServerError, unavailable
@@ -128,6 +130,21 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
+class PipelineFlowControl(FlowControl):
+    """uvicorn's flow control, except that reading stays paused while requests already read wait
+    their turn. uvicorn resumes reading whenever a response completes and whenever an application
+    reads its body, so a client that sends requests back to back and never reads its answers
+    made the server read, parse and queue them without end (hundreds of MiB in seconds)."""
+
+    def __init__(self, transport: asyncio.Transport, pipeline):
+        super().__init__(transport)
+        self._pipeline = pipeline
+
+    def resume_reading(self) -> None:
+        if not self._pipeline:
+            super().resume_reading()
+
+
 class _NoEvent:
     """The cycle's message event, which nothing waits on for a FastInfer."""
 
@@ -217,6 +234,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._what = ""
         self._body: ReceivedBody | None = None
         super().connection_made(transport)
+        self.flow = PipelineFlowControl(transport, self.pipeline)
         self.transport = CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
         cap = self.limits.max_connections or default_max_connections()
         if len(self.connections) > cap:
@@ -288,11 +306,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self.flow.resume_reading()
         if self.pipeline:
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
+            self.flow.resume_reading()  # once the requests read ahead are all started
         else:
+            self.flow.resume_reading()
             self._arm(self.timeout_keep_alive, _IDLE)
 
     # ---- parser callbacks ----
