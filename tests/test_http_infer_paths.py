@@ -2,8 +2,9 @@
 straight from the protocol (http_protocol.FastInfer); the same request sent chunked takes the ASGI
 app. Both give the same status, headers and body for successes and for every kind of error.
 Pipelined requests are answered in order across the two paths, HTTP/1.0 clients are answered and
-closed, and an idle keep-alive connection closes after the keep-alive timeout, but not while its
-request is running."""
+closed, an idle keep-alive connection closes after the keep-alive timeout (but not while its
+request is running), and a client that sends without reading its answers is held to a bounded
+buffer."""
 
 import gzip
 import socket
@@ -12,6 +13,7 @@ import time
 import numpy as np
 import orjson
 import pytest
+from test_hostile import _rss_mib
 
 from conftest import http_request
 
@@ -158,14 +160,6 @@ def test_idle_keep_alive_connections_close_after_the_timeout(start_server, tmp_p
         assert _read_response(s)[0] == 200  # and the connection serves on
         assert 0.5 < _seconds_until_closed(s, 10) < 5
     assert http_request(server.http_port, "GET", "/v2/health/ready")[0] == 200
-
-
-def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def test_a_client_that_sends_without_reading_is_held_to_a_bounded_buffer(server):
