@@ -363,3 +363,44 @@ def test_a_large_grpc_request_parsed_around_its_raw_contents_is_the_same_request
     for bad in (wire[:-5], wire[:70_000], b"\x3a\xff\xff\xff\xff\x0f" + bytes(70_000), b"\x0f" + bytes(70_000)):
         with pytest.raises(DecodeError):  # malformed: protobuf's own error, as for a small message
             grpc_codec.parse_infer_request(bad)
+
+
+def test_the_worker_inbox_hands_the_socket_between_its_two_readers():
+    """The main loop reads while it waits; while it is busy the inbox thread reads, delivering BLS
+    answers and cancellations at once and queuing batches; the frontend's going reaches both."""
+    import socket as socketlib
+
+    from tritonmp.workers.inbox import Inbox
+
+    ours, frontend = socketlib.socketpair()
+    inbox = Inbox(ours)
+
+    def send(kind, header):
+        transport.send_message(frontend, kind, transport.encode(header))
+
+    # busy from the start (a model's initialize()): a call's answer is read by the inbox thread
+    number, answers = inbox.open_call()
+    send(transport.BLS_RESULT, transport.BlsResult(call=number, value=True))
+    result, _ = answers.get(timeout=10)
+    assert result.value is True
+    # waiting: the main loop reads the batch itself, delivering what comes before it
+    flag = inbox.cancel_flag(1, 0)
+    send(transport.CANCEL, transport.Cancel(1, 0))
+    transport.send_message(frontend, transport.STOP, b"first")
+    kind, header, _ = inbox.next()
+    assert (kind, bytes(header)) == (transport.STOP, b"first") and flag.is_set()
+    # busy again: answers and cancellations arrive while it is, batches wait for the next next()
+    flag = inbox.cancel_flag(2, 0)
+    send(transport.CANCEL, transport.Cancel(2, 0))
+    assert flag.wait(10)
+    send(transport.BLS_RESULT, transport.BlsResult(call=number, number=2.0))
+    assert answers.get(timeout=10)[0].number == 2.0
+    transport.send_message(frontend, transport.STOP, b"second")
+    transport.send_message(frontend, transport.STOP, b"third")
+    assert bytes(inbox.next()[1]) == b"second"
+    assert bytes(inbox.next()[1]) == b"third"
+    # the frontend goes: the waiting main loop and the open call hear None
+    frontend.close()
+    assert inbox.next() is None
+    assert answers.get(timeout=10) is None
+    ours.close()

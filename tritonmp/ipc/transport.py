@@ -264,6 +264,10 @@ class MessageReader:
         self.start = 0  # unread bytes lie in scratch[start:end]
         self.end = 0
 
+    def buffered(self) -> bool:
+        """Whether bytes already received wait to be read (so a poll of the socket would not see them)."""
+        return self.end > self.start
+
     def _fill(self) -> bool:
         if self.start == self.end:
             self.start = self.end = 0

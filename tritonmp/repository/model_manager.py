@@ -113,11 +113,12 @@ class ModelVersion:
         log.info("successfully unloaded '%s' version %d", self.name, self.version)
 
     async def stop(self, deadline: float) -> None:
-        self.state = "UNAVAILABLE"
-        self.reason = "unloaded"
         self.scheduler.fail_all(unavailable(f"model '{self.name}' version {self.version} is unloading"))
         if isinstance(self.scheduler, Scheduler):
             self.scheduler.close()
+        # last, so that a thread that sees the state (the in-process API's) sees the timer closed too
+        self.state = "UNAVAILABLE"
+        self.reason = "unloaded"
         await self.pool.stop(deadline)
 
 
