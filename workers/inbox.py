@@ -130,7 +130,7 @@ class Inbox:
                 message = self._read()
                 if message is None:
                     self._end()
-                    item = self.main.get_nowait()
+                    item = None
                     break
                 item = self._dispatch(message)
                 if item is not None:
