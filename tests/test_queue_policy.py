@@ -184,7 +184,7 @@ def test_a_cancelled_grpc_call_leaves_the_queue(start_server, tmp_path, deadline
 
     server = start_server([_repo(tmp_path, "")])
     calls = Calls(server)
-    calls.send("running", 2.0)  # the cancellation reaches the server well within this
+    calls.send("running", 2.0)
     calls.wait_queued(1, 0)
     client = grpcclient.InferenceServerClient(server.grpc_url)
     x = grpcclient.InferInput("X", [1, 1], "FP32")
@@ -193,6 +193,10 @@ def test_a_cancelled_grpc_call_leaves_the_queue(start_server, tmp_path, deadline
     call = client.async_infer("sleepy", [x], lambda result, error: answers.append(error), client_timeout=deadline)
     calls.wait_queued(1, 1)
     call.cancel()
+    # a call after it on the same connection is read after its reset: once answered, the server has
+    # cancelled the queued request, and the first one is still running
+    assert client.is_server_live()
+    calls.wait_queued(1, 1)  # (a cancelled request leaves the queue when the instance is next free)
     calls.join()
     after = int(client.infer("sleepy", [x]).as_numpy("SEQ")[0, 0])
     assert after == calls.results["running"] + 1  # the cancelled one never ran

@@ -249,7 +249,7 @@ class _Call(http2.StreamHandler):
     def _start(self, request) -> None:
         try:
             self.future = self.method.start(request)
-        except Exception as e:  # noqa: BLE001 - the call's status, as `_run` makes it
+        except Exception as e:  # noqa: BLE001 - the call's status
             self._failed(e)
             return
         self.future.add_done_callback(self._finished)
@@ -267,6 +267,7 @@ class _Call(http2.StreamHandler):
             self.task = self.conn.loop.create_task(self._run(self._send_rest, data))
 
     def _failed(self, error: BaseException) -> None:
+        """End the call with the status of what it failed with: an RpcError's own, or INTERNAL (logged)."""
         if isinstance(error, RpcError):
             self._fail(error.code, error.message)
             return
@@ -327,15 +328,12 @@ class _Call(http2.StreamHandler):
             else:
                 async with asyncio.timeout(self.timeout):
                     await work(*args)
-        except RpcError as e:
-            self._fail(e.code, e.message)
         except TimeoutError:
             self._fail(Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
         except asyncio.CancelledError:
             pass  # the client reset the stream or went away: nobody to answer
-        except Exception as e:
-            log.exception("gRPC call %s failed", self.stream.headers.get(b":path", b"").decode(errors="replace"))
-            self._fail(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+        except Exception as e:  # RpcError too
+            self._failed(e)
 
     async def _unary(self, request) -> None:
         data = self._frame(await self.method.handler(await self._message(request)))

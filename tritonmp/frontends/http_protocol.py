@@ -161,7 +161,6 @@ class FastInfer:
     __slots__ = ("protocol", "model", "version", "header_length", "accept_encoding", "keep_alive",
                  "body", "request", "binary_default", "response_complete", "disconnected")
     message_event = _NoEvent()
-    more_body = True
 
     def __init__(self, protocol: GuardedHttpProtocol, model: str, version: str, header_length: int | None,
                  accept_encoding: str, keep_alive: bool):

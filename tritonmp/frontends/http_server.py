@@ -349,7 +349,7 @@ class HttpApp:
 
     # -- inference -------------------------------------------------------------------------
     async def infer(self, scope, receive, send, model: str, version: str) -> None:
-        header_length, content_encoding, accept_encoding = infer_headers(scope["headers"])
+        header_length, content_encoding, accept_encoding = self.infer_headers(scope["headers"])
         body = await self._read_body(receive)
         if content_encoding:
             body = await self._inflate(body, content_encoding)
@@ -371,7 +371,22 @@ class HttpApp:
 
     @staticmethod
     def infer_headers(headers: list) -> tuple[int | None, str, str]:
-        return infer_headers(headers)
+        """An infer request's Inference-Header-Content-Length (None when absent), Content-Encoding and
+        Accept-Encoding."""
+        header_length = None
+        content_encoding = accept_encoding = ""
+        for key, value in headers:
+            if key == b"inference-header-content-length":
+                try:
+                    header_length = int(value)
+                except ValueError:
+                    raise ServerError(f"Inference-Header-Content-Length '{value.decode(errors='replace')}' "
+                                      "is not a number") from None
+            elif key == b"content-encoding":
+                content_encoding = value.decode("latin-1")
+            elif key == b"accept-encoding":
+                accept_encoding = value.decode("latin-1")
+        return header_length, content_encoding, accept_encoding
 
     @staticmethod
     def encode_infer(response, request, binary_default: bool, accept_encoding: str) -> tuple[list, bytes | list]:
@@ -389,21 +404,3 @@ class HttpApp:
                 headers = [*headers, (b"content-encoding", used.encode())]
         return headers, out
 
-
-def infer_headers(headers: list) -> tuple[int | None, str, str]:
-    """An infer request's Inference-Header-Content-Length (None when absent), Content-Encoding and
-    Accept-Encoding."""
-    header_length = None
-    content_encoding = accept_encoding = ""
-    for key, value in headers:
-        if key == b"inference-header-content-length":
-            try:
-                header_length = int(value)
-            except ValueError:
-                raise ServerError(f"Inference-Header-Content-Length '{value.decode(errors='replace')}' "
-                                  "is not a number") from None
-        elif key == b"content-encoding":
-            content_encoding = value.decode("latin-1")
-        elif key == b"accept-encoding":
-            accept_encoding = value.decode("latin-1")
-    return header_length, content_encoding, accept_encoding
