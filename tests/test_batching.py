@@ -1,6 +1,8 @@
 """Dynamic batching through the real server: requests are merged under load, never across
 different shapes, and each client gets exactly its own rows back."""
 
+import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -67,3 +69,21 @@ def test_large_tensors_round_trip(server):
     np.testing.assert_array_equal(result.as_numpy("Y"), big)
     inputs = add_inputs(httpclient, a)
     np.testing.assert_array_equal(client.infer("add", inputs).as_numpy("C"), a + a)
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_the_server_polls_only_while_a_batch_is_near_and_sleeps_when_idle(server):
+    """The server polls (--busy-poll-us) after each batch: the window closes by itself, so an idle
+    server uses next to no CPU."""
+    client = httpclient.InferenceServerClient(url=server.url)
+    for _ in range(20):
+        client.infer("add_py", add_inputs(httpclient, np.ones((1, 3), np.float32)))
+    before = _cpu_seconds(server.pid)
+    time.sleep(1.0)  # a measurement window, not a wait for readiness
+    used = _cpu_seconds(server.pid) - before
+    assert used < 0.3, f"the idle server used {used:.2f} s of CPU in 1 s"

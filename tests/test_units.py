@@ -16,6 +16,7 @@ from tritonmp.frontends import grpc_codec, http2
 from tritonmp.ipc import transport
 from tritonmp.ipc.arena import Arena, segment_name
 from tritonmp.scheduling import batching
+from tritonmp.scheduling.busy_poll import BusyPoll
 from tritonmp.scheduling.scheduler import BatchPolicy, Scheduler
 from tritonmp.workers import cuda_shm
 
@@ -101,6 +102,35 @@ def test_a_sub_millisecond_batching_delay_is_waited_out_without_spinning():
     # the loop's own timers fire early, again and again, until the deadline has passed
     waited, wakeups = _wait_for_a_batch(precise=False)
     assert waited >= 300_000 and wakeups > 10
+
+
+def _busy_poll_cpu(window_us: int) -> tuple[float, float, bool]:
+    """CPU seconds of the loop's thread during 60 ms after one touch of a window, and during 50 ms
+    after that; and whether it was still polling then."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def run():
+        poll = BusyPoll(window_us)
+        start = time.thread_time()
+        poll.touch()
+        await asyncio.sleep(0.06)
+        window = time.thread_time() - start
+        still = poll._polling
+        start = time.thread_time()
+        await asyncio.sleep(0.05)
+        return window, time.thread_time() - start, still
+
+    return uvloop.run(run())
+
+
+def test_busy_polling_keeps_the_loop_awake_for_its_window_and_no_longer():
+    window, after, still = _busy_poll_cpu(20_000)
+    assert window >= 0.008, f"the loop slept through its 20 ms polling window ({window * 1e3:.1f} ms of CPU)"
+    assert not still and after < window / 2
+    window, _, still = _busy_poll_cpu(0)  # --busy-poll-us 0: the loop sleeps
+    assert window < 0.005 and not still
+    with pytest.raises(ValueError):
+        BusyPoll(-1)
 
 
 @pytest.fixture

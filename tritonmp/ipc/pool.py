@@ -25,6 +25,7 @@ from ..errors import ServerError, Status
 from ..observability.custom_metrics import CustomMetrics
 from ..observability.stats import ModelStats
 from ..scheduling import batching
+from ..scheduling.busy_poll import BusyPoll
 from . import transport
 from .arena import Arena, segment_name
 from .channel import Channel
@@ -466,6 +467,7 @@ class Instance:
         self.sent_ns = now
         self.encode_ns = time.monotonic_ns() - now
         self.channel.send(transport.EXECUTE, header, frames)
+        self.pool.busy_poll.touch()  # the answer may be near: see it without a wake-up
         if self.pool.execution_timeout > 0:
             self._deadline = asyncio.get_running_loop().call_later(self.pool.execution_timeout, self._hung)
 
@@ -496,6 +498,7 @@ class Instance:
         proc.kill()
 
     def _on_result(self, result: transport.Result, frames) -> None:
+        self.pool.busy_poll.touch()  # the client's next request may be near
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
@@ -568,6 +571,9 @@ def _bls_result(response: InferResponse) -> tuple[transport.BlsResult, list]:
     return transport.BlsResult(outputs=refs), frames
 
 
+NO_BUSY_POLL = BusyPoll(0)
+
+
 class InstancePool:
     """The instances of one model version and the queue of those ready for work."""
 
@@ -585,6 +591,7 @@ class InstancePool:
         self.merge = backend != "python"
         self.gpus: list[int] | None = None  # the server's GPUs, for KIND_MODEL instances
         self.execution_timeout = 0.0  # seconds a batch may run before its worker is killed; 0: no limit
+        self.busy_poll = NO_BUSY_POLL  # the server's polling window (--busy-poll-us)
         self.decoupled = False  # responses stream back, any number per request
         self.senders = backend == "python"  # a request may be answered through its response sender
         self.load_timeout = 0.0  # seconds a worker may take to load before it is killed; 0: no limit

@@ -16,8 +16,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..classification import read_labels
 from ..errors import ServerError, internal, invalid, not_found, unavailable
-from ..ipc.pool import InstancePool, InstanceSpec, LoadError
+from ..ipc.pool import NO_BUSY_POLL, InstancePool, InstanceSpec, LoadError
 from ..observability.custom_metrics import CustomMetrics
+from ..scheduling.busy_poll import DEFAULT_US as DEFAULT_BUSY_POLL_US
+from ..scheduling.busy_poll import BusyPoll
 from ..scheduling.ensemble import EnsembleVersion
 from ..scheduling.scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
 from ..scheduling.sequence import SequenceScheduler
@@ -43,11 +45,12 @@ class ServerOptions:
     # --backend-config default-max-batch-size: backend ("" for all) -> max_batch_size of auto-complete
     default_max_batch_sizes: dict[str, int] = field(default_factory=dict)
     config_name: str = ""  # --model-config-name: read configs/NAME.pbtxt where a model has one
+    busy_poll_us: int = DEFAULT_BUSY_POLL_US  # --busy-poll-us: the loop polls this long after a batch
 
 
 class ModelVersion:
     def __init__(self, name: str, version: int, completed: cfg.Completed, specs: list[InstanceSpec],
-                 options: ServerOptions):
+                 options: ServerOptions, poll: BusyPoll = NO_BUSY_POLL):
         self.name = name
         self.version = version
         self.config = completed.config
@@ -70,6 +73,7 @@ class ModelVersion:
         self.pool.decoupled = c.model_transaction_policy.decoupled
         self.pool.load_timeout = options.load_timeout
         self.pool.execution_timeout = _execution_timeout(c, options.execution_timeout)
+        self.pool.busy_poll = poll
         db = c.dynamic_batching if c.HasField("dynamic_batching") else None
         policy = BatchPolicy(c.max_batch_size, db is not None,
                              list(db.preferred_batch_size) if db else [],
@@ -216,6 +220,7 @@ class ModelManager:
 
     def __init__(self, options: ServerOptions):
         self.options = options
+        self.busy_poll = BusyPoll(options.busy_poll_us)  # one window for the server's loop
         self.models: dict[str, ModelEntry] = {}
         self._retiring: set[asyncio.Task] = set()
         self.retiring: set[ModelVersion] = set()  # replaced or unloaded, finishing their requests
@@ -360,7 +365,7 @@ class ModelManager:
             for mv in new.values():
                 mv.manager = self
         else:
-            new = {v: ModelVersion(name, v, completed, specs, self.options) for v in versions}
+            new = {v: ModelVersion(name, v, completed, specs, self.options, self.busy_poll) for v in versions}
         for mv in new.values():
             mv.pool.bls = self.bls
             mv.pool.bls_stream = self.bls_stream
