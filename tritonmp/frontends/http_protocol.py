@@ -92,14 +92,19 @@ class CoalescingTransport:
     """A transport whose writes made in one turn of the event loop go out together, in one system
     call: a response's head and body (uvicorn writes them apart), and the responses of pipelined
     requests that finish together. Closing writes what is pending first; everything else is the
-    transport's own."""
+    transport's own (the methods called per request are bound once, not looked up each time)."""
 
-    __slots__ = ("_transport", "_loop", "_pending")
+    __slots__ = ("_transport", "_loop", "_pending", "is_closing", "pause_reading", "resume_reading",
+                 "get_write_buffer_size")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
         self._transport = transport
         self._loop = loop
         self._pending: list = []
+        self.is_closing = transport.is_closing
+        self.pause_reading = transport.pause_reading
+        self.resume_reading = transport.resume_reading
+        self.get_write_buffer_size = transport.get_write_buffer_size
 
     def write(self, data) -> None:
         if not self._pending:
@@ -316,8 +321,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # ---- parser callbacks ----
 
     def on_message_begin(self) -> None:
+        """uvicorn's, less the ASGI scope, which only a request that takes ASGI gets (`_scope`)."""
         self._body = None
-        super().on_message_begin()
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
         if self._deadline is None:  # a keep-alive connection's next request: its own deadline
             self._arm(self.limits.header_timeout, "its request headers")
 
@@ -328,12 +336,19 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.cycle = fast
             self._arm(self.limits.body_timeout, "its request body")
             return
+        self._scope()
         super().on_headers_complete()
         if self.cycle is not None and self.cycle.more_body:
             self._arm(self.limits.body_timeout, "its request body")
             length = _declared_length(self.headers)
             if LARGE_BODY <= length <= self.max_body:
                 self._body = self.scope[BODY_KEY] = ReceivedBody(length)
+
+    def _scope(self) -> None:
+        """The request's ASGI scope, as uvicorn's on_message_begin makes it."""
+        self.scope = {"type": "http", "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+                      "http_version": "1.1", "server": self.server, "client": self.client, "scheme": self.scheme,
+                      "root_path": self.root_path, "headers": self.headers, "state": self.app_state.copy()}
 
     def _fast_infer(self) -> FastInfer | None:
         """A FastInfer for this request when it is an infer whose body can be taken whole without
