@@ -2,6 +2,7 @@
 configs checked, unload_dependents."""
 
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -149,3 +150,69 @@ def test_ensemble_outputs_cannot_go_to_client_shared_memory(start_server, repo):
         assert "an ensemble cannot write its outputs into client shared memory" in orjson.loads(raw)["error"]
     finally:
         shm.destroy_shared_memory_region(handle)
+
+
+SLOW = '''
+import sys
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        print("slow: executing", file=sys.stderr, flush=True)
+        end = time.monotonic() + 30
+        while time.monotonic() < end and not all(r.is_cancelled() for r in requests):
+            time.sleep(0.02)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X")
+                                                            .as_numpy())]) for r in requests]
+'''
+
+SLOW_PIPELINE = '''
+name: "slowpipe"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ 3 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 3 ] } ]
+ensemble_scheduling {
+  step [ { model_name: "slow", model_version: -1, input_map { key: "X" value: "IN" }
+           output_map { key: "Y" value: "OUT" } } ]
+}
+'''
+
+
+def test_an_ensemble_stopped_under_its_requests_answers_them_unavailable(start_server, tmp_path):
+    """Unloaded while requests run, past the exit timeout: each client gets UNAVAILABLE with the
+    reason, over HTTP and gRPC alike, instead of a call left unanswered."""
+    root = tmp_path / "repo"
+    write_model(root, "slow", SLOW,
+                'backend: "python"\nmax_batch_size: 8\ninput [ { name: "X", data_type: TYPE_FP32, dims: [ 3 ] } ]\n'
+                'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 3 ] } ]\n')
+    (root / "slowpipe" / "1").mkdir(parents=True)
+    (root / "slowpipe" / "config.pbtxt").write_text(SLOW_PIPELINE)
+    server = start_server([root], "--exit-timeout-secs", "1", "--model-control-mode=explicit", "--load-model=slowpipe")
+    x = np.ones((1, 3), np.float32)
+    outcomes = {}
+
+    def call(module, url):
+        client = module.InferenceServerClient(url)
+        inp = module.InferInput("IN", [1, 3], "FP32")
+        inp.set_data_from_numpy(x)
+        kwargs = {"client_timeout": 20} if module is grpcclient else {}
+        try:
+            client.infer("slowpipe", [inp], **kwargs)
+            outcomes[module.__name__] = "answered"
+        except InferenceServerException as e:
+            outcomes[module.__name__] = f"{e.status()} {e.message()}"
+
+    with ThreadPoolExecutor(2) as pool:
+        pool.submit(call, httpclient, server.url)
+        pool.submit(call, grpcclient, server.grpc_url)
+        server.wait_until(lambda: server.log().count("slow: executing") >= 1, 30, "the requests to reach the model")
+        status, _, _ = server.post("/v2/repository/models/slowpipe/unload", b"{}")
+        assert status == 200
+    assert outcomes["tritonclient.http"].startswith("503") \
+        and "ensemble 'slowpipe' is unloading" in outcomes["tritonclient.http"], outcomes
+    assert outcomes["tritonclient.grpc"].startswith("StatusCode.UNAVAILABLE") \
+        and "ensemble 'slowpipe' is unloading" in outcomes["tritonclient.grpc"], outcomes

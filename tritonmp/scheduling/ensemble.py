@@ -17,6 +17,7 @@ from ..errors import ServerError, Status, unsupported
 from ..observability.stats import ModelStats
 from ..repository import config as cfg
 from ..validation import TensorConfig
+from .scheduler import transfer_outcome
 
 log = logging.getLogger("tritonmp.ensemble")
 
@@ -41,23 +42,31 @@ class EnsembleScheduler:
     def __init__(self, ensemble: EnsembleVersion):
         self.ensemble = ensemble
         self.queue: deque = deque()  # requests never wait here: each runs as soon as it arrives
-        self.running: set[asyncio.Task] = set()
+        self.running: dict[asyncio.Task, asyncio.Future] = {}  # each request's run, and its caller's future
         self._idle = asyncio.Event()
         self._idle.set()
 
     def submit(self, request: InferRequest) -> asyncio.Future:
+        """The request's future: its response, or the error that stopped it (the server's own
+        reason when the ensemble is stopped under it). Cancelling it (the client has gone) stops
+        the run."""
         if request.outputs and any(o.shm is not None for o in request.outputs):
             raise unsupported("an ensemble cannot write its outputs into client shared memory yet; read them "
                               "from the response")
         request.arrival_ns = time.monotonic_ns()
-        task = asyncio.get_running_loop().create_task(self.ensemble.run(request))
-        self.running.add(task)
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        task = loop.create_task(self.ensemble.run(request))
+        self.running[task] = future
         self._idle.clear()
         task.add_done_callback(self._done)
-        return task
+        future.add_done_callback(lambda f: f.cancelled() and task.cancel())
+        return future
 
     def _done(self, task: asyncio.Task) -> None:
-        self.running.discard(task)
+        future = self.running.pop(task, None)
+        if future is not None:
+            transfer_outcome(task, future)
         if not self.running:
             self._idle.set()
 
@@ -68,7 +77,10 @@ class EnsembleScheduler:
         await self._idle.wait()
 
     def fail_all(self, error: Exception) -> None:
-        for task in list(self.running):
+        """Stop every run; their callers get `error`."""
+        for task, future in list(self.running.items()):
+            if not future.done():
+                future.set_exception(error)
             task.cancel()
 
 

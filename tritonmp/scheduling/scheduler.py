@@ -113,7 +113,9 @@ class DrainWaiters:
                     w.set_result(None)
 
 
-def _transfer(source: asyncio.Future, target: asyncio.Future) -> None:
+def transfer_outcome(source: asyncio.Future, target: asyncio.Future) -> None:
+    """Give `target` the outcome of the done `source` (result, exception or cancellation), unless
+    it has one already."""
     if target.done():
         return
     if source.cancelled():
@@ -198,9 +200,9 @@ class Scheduler:
 
         def relay(inner: asyncio.Future) -> None:
             if previous is None or previous.done():
-                _transfer(inner, outer)
+                transfer_outcome(inner, outer)
             else:
-                previous.add_done_callback(lambda _: _transfer(inner, outer))
+                previous.add_done_callback(lambda _: transfer_outcome(inner, outer))
 
         request.future.add_done_callback(relay)
         return outer
