@@ -43,8 +43,10 @@ class BusyPoll:
         self.until = time.monotonic_ns() + self.window_ns
         if not self._polling:
             self._polling = True
-            self._loop = asyncio.get_running_loop()
-            self._loop.call_soon(self._poll)
+            loop = self._loop
+            if loop is None or loop.is_closed():  # looked up once: each lookup costs a getpid system call
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self._poll)
 
     def _poll(self) -> None:
         if time.monotonic_ns() < self.until:
