@@ -434,3 +434,30 @@ def test_the_worker_inbox_hands_the_socket_between_its_two_readers():
     assert inbox.next() is None
     assert answers.get(timeout=10) is None
     ours.close()
+
+
+def test_the_receive_pool_hands_a_buffer_out_again_only_once_nothing_refers_to_it():
+    from tritonmp.ipc.buffers import BufferPool
+
+    def address(view) -> int:
+        return np.frombuffer(view, np.uint8).ctypes.data
+
+    pool = BufferPool(max_bytes=8 << 20, idle=3600)
+    first = pool.take(3 << 20)
+    held = address(first)
+    derived = np.frombuffer(first[1024:], np.float32)  # a tensor parsed out of the body
+    del first
+    second = pool.take(3 << 20)
+    assert address(second) != held  # the first is still referred to
+    del derived
+    third = pool.take(3 << 20)
+    assert address(third) == held and third.nbytes == 3 << 20 and not third.readonly
+    assert pool.kept() == 6 << 20
+    del second, third
+    assert pool.take(5 << 20).nbytes == 5 << 20  # 6 + 5 MiB exceeds the cap: a free buffer is let go
+    assert pool.kept() <= 8 << 20
+    assert pool.take(100).nbytes == 100 and pool.kept() <= 8 << 20  # small ones are not pooled
+    idle = BufferPool(idle=0)
+    idle.take(2 << 20)  # released at once
+    idle.take(4 << 20)
+    assert idle.kept() == 4 << 20  # the idle one was dropped

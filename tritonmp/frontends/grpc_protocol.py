@@ -19,8 +19,7 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-import numpy as np
-
+from ..ipc.buffers import RECEIVE_POOL
 from . import http2
 from .grpc_codec import WireResponse
 from .inflate import TooLarge, inflate
@@ -189,7 +188,7 @@ class _Call(http2.StreamHandler):
                 view = view[length:]
                 continue
             try:
-                self.body = memoryview(np.empty(length, np.uint8) if length >= LARGE_MESSAGE else bytearray(length))
+                self.body = RECEIVE_POOL.take(length) if length >= LARGE_MESSAGE else memoryview(bytearray(length))
             except MemoryError:
                 self._refuse(f"no memory for a message of {length} bytes")
                 return

@@ -29,12 +29,12 @@ import logging
 import resource
 from dataclasses import dataclass
 
-import numpy as np
 import orjson
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..errors import ServerError, unavailable
+from ..ipc.buffers import RECEIVE_POOL
 
 log = logging.getLogger("tritonmp.http")
 
@@ -64,7 +64,7 @@ class ReceivedBody:
     __slots__ = ("view", "filled")
 
     def __init__(self, length: int):
-        self.view = memoryview(np.empty(length, np.uint8))
+        self.view = RECEIVE_POOL.take(length)
         self.filled = 0
 
     def write(self, chunk: bytes) -> None:
