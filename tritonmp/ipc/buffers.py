@@ -49,7 +49,7 @@ class BufferPool:
     the last one has gone. At most `max_bytes` are kept; a buffer left free for `idle` seconds is
     dropped, so memory goes back after a burst. For the event loop's thread only."""
 
-    def __init__(self, max_bytes: int = 512 * _MiB, idle: float = 10.0):
+    def __init__(self, max_bytes: int = 1024 * _MiB, idle: float = 10.0):
         self.max_bytes = max_bytes
         self.idle = idle
         self._buffers: list[np.ndarray] = []
