@@ -194,6 +194,20 @@ class _Call(http2.StreamHandler):
                 return
             self.filled = 0
 
+    def receive_into(self, limit: int) -> memoryview | None:
+        """The empty part of the message being gathered (at most `limit` bytes), for the connection
+        to read the rest of a DATA payload into."""
+        body = self.body
+        if body is None or self.refused:
+            return None
+        return body[self.filled:self.filled + min(limit, body.nbytes - self.filled)]
+
+    def received_into(self, n: int) -> None:
+        self.filled += n
+        if self.filled == self.body.nbytes:
+            body, self.body = self.body, None
+            self._received(body)
+
     def _refuse(self, message: str) -> None:
         """End the call with RESOURCE_EXHAUSTED and drop whatever else it sends."""
         self.refused = True

@@ -120,6 +120,11 @@ class StreamHandler(Protocol):
 
     def reset(self) -> None: ...
 
+    # Optional: a handler that gathers a large message into a buffer of its own may offer the
+    # buffer's empty part, so that the rest of a DATA payload is read from the socket straight into
+    # it: receive_into(limit) gives a view of at most `limit` bytes there, or None; received_into(n)
+    # says the first n bytes of it were filled (the same bytes data() would have been given).
+
 
 class Stream:
     __slots__ = ("id", "headers", "handler", "send_window", "recv_unacked", "remote_closed", "local_closed")
@@ -161,9 +166,18 @@ class Keepalive:
 KEEPALIVE_PING = b"tmp-keep"  # the opaque data of the server's own keepalive PINGs
 
 
-class Connection(asyncio.Protocol):
+DIRECT_READ = 64 * 1024  # a DATA payload's rest this large is read straight into its handler's buffer
+_SCRATCH = memoryview(bytearray(256 * 1024))  # where every other read lands; the loop's connections share it
+
+
+class Connection(asyncio.BufferedProtocol):
     """One client connection. `open_stream(connection, stream)` is called once a request's headers
-    are complete and returns the stream's handler (it may answer at once, e.g. with an error)."""
+    are complete and returns the stream's handler (it may answer at once, e.g. with an error).
+
+    Reads land in one receive buffer shared by the loop's connections (each read is handled before
+    the next one is made, and handlers copy what they keep), except the rest of a large DATA payload
+    whose handler offers a buffer of its own (`receive_into`): that is read into it directly, so a
+    large message's bytes are copied once, by the kernel."""
 
     def __init__(self, open_stream, on_close=None, keepalive: Keepalive | None = None, refuse: bool = False):
         self.open_stream = open_stream
@@ -198,6 +212,7 @@ class Connection(asyncio.Protocol):
         self.data_left = 0  # bytes still to come of a DATA frame whose payload is handed on as it arrives
         self.data_stream: Stream | None = None  # that frame's stream (None: its payload is dropped)
         self.data_flags = 0
+        self.direct: memoryview | None = None  # the handler's buffer the next read goes into, if any
 
     def _write(self, data: bytes) -> None:
         """Frames go out once per loop iteration: the answers that complete together (a batch)
@@ -268,7 +283,39 @@ class Connection(asyncio.Protocol):
         if not self.closed:
             self.loop.create_task(self.shutdown(self.keepalive.max_age_grace or None))
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.data_left and self.data_stream is not None and not self.buffer and not self.closed:
+            receive_into = getattr(self.data_stream.handler, "receive_into", None)
+            if receive_into is not None:
+                region = receive_into(self.data_left)
+                if region is not None and region.nbytes >= DIRECT_READ:
+                    self.direct = region
+                    return region
+        self.direct = None
+        return _SCRATCH
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.direct is None:
+            self.data_received(_SCRATCH[:nbytes])
+            return
+        self.direct = None
+        if self.closed:
+            return
+        self.heard = self.loop.time()
+        self.data_left -= nbytes
+        stream = self.data_stream
+        try:
+            stream.handler.received_into(nbytes)
+            if not self.data_left and not self.closed:
+                self.data_stream = None
+                self._data_end(stream, self.data_flags)
+        except Exception:  # a bug of ours: this connection ends, the server serves on
+            log.exception("HTTP/2 connection failed")
+            self._goaway(INTERNAL_ERROR)
+            self._close()
+
+    def data_received(self, data) -> None:
+        """Bytes read from the client (a view valid during the call)."""
         if self.closed:
             return
         self.heard = self.loop.time()
