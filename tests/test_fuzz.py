@@ -133,9 +133,14 @@ def test_http2_frames(chunks):
     async def run():
         conn = http2.Connection(lambda c, s: Silent(), keepalive=http2.Keepalive(time=0, preface_timeout=0))
         conn.connection_made(_Transport())
-        conn.data_received(http2.PREFACE)
-        for chunk in chunks:
-            conn.data_received(chunk)
+        for chunk in (http2.PREFACE, *chunks):  # as the loop reads: into the buffer the connection gives
+            view = memoryview(chunk)
+            while view.nbytes and not conn.closed:
+                buffer = conn.get_buffer(-1)
+                n = min(buffer.nbytes, view.nbytes)
+                buffer[:n] = view[:n]
+                conn.buffer_updated(n)
+                view = view[n:]
         conn.connection_lost(None)
 
     try:

@@ -461,3 +461,62 @@ def test_the_receive_pool_hands_a_buffer_out_again_only_once_nothing_refers_to_i
     idle.take(2 << 20)  # released at once
     idle.take(4 << 20)
     assert idle.kept() == 4 << 20  # the idle one was dropped
+
+
+def test_the_rest_of_a_large_data_frame_is_read_straight_into_the_handlers_buffer():
+    """Over a real socket: the DATA frame's first bytes come with its header (through the receive
+    buffer, to data()); once the handler offers its buffer, the rest is read into it."""
+    uvloop = pytest.importorskip("uvloop")
+    import socket
+
+    payload = bytes(range(256)) * 600  # 153,600 bytes
+    first = 1000
+
+    class Gather:
+        def __init__(self):
+            self.body = memoryview(bytearray(len(payload)))
+            self.filled = 0
+            self.direct = 0
+            self.ended = asyncio.get_running_loop().create_future()
+
+        def data(self, chunk):
+            self.body[self.filled:self.filled + chunk.nbytes] = chunk
+            self.filled += chunk.nbytes
+
+        def receive_into(self, limit):
+            return self.body[self.filled:self.filled + min(limit, len(payload) - self.filled)]
+
+        def received_into(self, n):
+            self.filled += n
+            self.direct += n
+
+        def end(self):
+            self.ended.set_result(None)
+
+        def reset(self):
+            pass
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        handler = Gather()
+        ours, theirs = socket.socketpair()
+        conn = http2.Connection(lambda c, s: handler, keepalive=http2.Keepalive(time=0, preface_timeout=0))
+        await loop.connect_accepted_socket(lambda: conn, ours)
+        block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", "/x"),
+                                        (":authority", "a"), ("content-type", "application/grpc")])
+        head = (http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0, b"")
+                + http2.frame(http2.HEADERS, http2.FLAG_END_HEADERS, 1, block))
+        data_header = len(payload).to_bytes(3, "big") + bytes((http2.DATA, http2.FLAG_END_STREAM)) \
+            + (1).to_bytes(4, "big")
+        theirs.setblocking(False)
+        await loop.sock_sendall(theirs, head + data_header + payload[:first])
+        while handler.filled < first:  # the first bytes reach data() through the receive buffer
+            await asyncio.sleep(0.001)
+        await loop.sock_sendall(theirs, payload[first:])
+        await asyncio.wait_for(handler.ended, 10)
+        theirs.close()
+        return handler
+
+    handler = uvloop.run(run())
+    assert bytes(handler.body) == payload
+    assert handler.direct == len(payload) - first
