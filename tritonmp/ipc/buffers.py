@@ -55,11 +55,12 @@ class BufferPool:
         self._buffers: list[np.ndarray] = []
         self._stamps: list[float] = []  # when each was last handed out (time.monotonic())
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
 
     @staticmethod
-    def _free(i_buffers: list, i: int) -> bool:
-        # references: the list's, the argument's, getrefcount's own
-        return sys.getrefcount(i_buffers[i]) == 2
+    def _free(buffers: list, i: int) -> bool:
+        # two references: the list's, and getrefcount's own argument
+        return sys.getrefcount(buffers[i]) == 2
 
     def take(self, nbytes: int) -> memoryview:
         """A writable, uninitialized buffer of `nbytes` bytes."""
@@ -104,11 +105,14 @@ class BufferPool:
             del self._stamps[oldest]
 
     def _arm(self) -> None:
-        if self._timer is None:
-            try:
-                self._timer = asyncio.get_running_loop().call_later(self.idle, self._on_timer)
-            except RuntimeError:  # no loop: trimmed at the next take
-                pass
+        if self._timer is not None and not self._timer_loop.is_closed():
+            return
+        try:
+            self._timer_loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop: trimmed at the next take
+            self._timer = None
+            return
+        self._timer = self._timer_loop.call_later(self.idle, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
