@@ -1,6 +1,7 @@
 """Ensembles: steps chained and run side by side in the frontend, composing models loaded first,
 configs checked, unload_dependents."""
 
+import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
@@ -153,8 +154,8 @@ def test_ensemble_outputs_cannot_go_to_client_shared_memory(start_server, repo):
 
 
 SLOW = '''
+import os
 import sys
-import time
 
 import triton_python_backend_utils as pb_utils
 
@@ -162,12 +163,19 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def execute(self, requests):
         print("slow: executing", file=sys.stderr, flush=True)
-        end = time.monotonic() + 30
-        while time.monotonic() < end and not all(r.is_cancelled() for r in requests):
-            time.sleep(0.02)
+        with open(os.path.join(os.path.dirname(__file__), "..", "release")) as fifo:
+            fifo.read()  # until the test lets it go
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X")
                                                             .as_numpy())]) for r in requests]
 '''
+
+
+def _release(fifo) -> None:
+    """Let a model blocked on the FIFO return (nothing happens when none waits on it)."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:  # no reader
+        pass
 
 SLOW_PIPELINE = '''
 name: "slowpipe"
@@ -191,6 +199,8 @@ def test_an_ensemble_stopped_under_its_requests_answers_them_unavailable(start_s
                 'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 3 ] } ]\n')
     (root / "slowpipe" / "1").mkdir(parents=True)
     (root / "slowpipe" / "config.pbtxt").write_text(SLOW_PIPELINE)
+    fifo = root / "slow" / "release"
+    os.mkfifo(fifo)
     server = start_server([root], "--exit-timeout-secs", "1", "--model-control-mode=explicit", "--load-model=slowpipe")
     x = np.ones((1, 3), np.float32)
     outcomes = {}
@@ -206,12 +216,16 @@ def test_an_ensemble_stopped_under_its_requests_answers_them_unavailable(start_s
         except InferenceServerException as e:
             outcomes[module.__name__] = f"{e.status()} {e.message()}"
 
-    with ThreadPoolExecutor(2) as pool:
-        pool.submit(call, httpclient, server.url)
-        pool.submit(call, grpcclient, server.grpc_url)
-        server.wait_until(lambda: server.log().count("slow: executing") >= 1, 30, "the requests to reach the model")
-        status, _, _ = server.post("/v2/repository/models/slowpipe/unload", b"{}")
-        assert status == 200
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            pool.submit(call, httpclient, server.url)
+            pool.submit(call, grpcclient, server.grpc_url)
+            server.wait_until(lambda: server.log().count("slow: executing") >= 1, 30,
+                              "the requests to reach the model")
+            status, _, _ = server.post("/v2/repository/models/slowpipe/unload", b"{}")
+            assert status == 200
+    finally:
+        _release(fifo)
     assert outcomes["tritonclient.http"].startswith("503") \
         and "ensemble 'slowpipe' is unloading" in outcomes["tritonclient.http"], outcomes
     assert outcomes["tritonclient.grpc"].startswith("StatusCode.UNAVAILABLE") \

@@ -104,31 +104,49 @@ def test_a_sub_millisecond_batching_delay_is_waited_out_without_spinning():
     assert waited >= 300_000 and wakeups > 10
 
 
-def _busy_poll_cpu(window_us: int) -> tuple[float, float, bool]:
-    """CPU seconds of the loop's thread during 60 ms after one touch of a window, and during 50 ms
-    after that; and whether it was still polling then."""
+class _CountedPoll(BusyPoll):
+    """A BusyPoll that counts its turns and says when its window has closed."""
+
+    def __init__(self, window_us: int):
+        super().__init__(window_us)
+        self.turns = 0
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def _poll(self) -> None:
+        self.turns += 1
+        super()._poll()
+        if not self._polling and not self.closed.done():
+            self.closed.set_result(None)
+
+
+def _busy_poll(window_us: int) -> tuple[float, float, int, int, bool]:
+    """One touch of a window: the wall and CPU seconds of the loop's thread until the window
+    closed, the loop's turns of polling in it, those after it (the loop given a few turns of its
+    own), and whether it was polling at the end."""
     uvloop = pytest.importorskip("uvloop")
 
     async def run():
-        poll = BusyPoll(window_us)
-        start = time.thread_time()
+        poll = _CountedPoll(window_us)
+        start, cpu = time.monotonic(), time.thread_time()
         poll.touch()
-        await asyncio.sleep(0.06)
-        window = time.thread_time() - start
-        still = poll._polling
-        start = time.thread_time()
-        await asyncio.sleep(0.05)
-        return window, time.thread_time() - start, still
+        if window_us:
+            await asyncio.wait_for(poll.closed, 5)
+        wall, cpu = time.monotonic() - start, time.thread_time() - cpu
+        turns = poll.turns
+        for _ in range(10):
+            await asyncio.sleep(0)  # yields a turn; no wait
+        return wall, cpu, turns, poll.turns - turns, poll._polling
 
     return uvloop.run(run())
 
 
 def test_busy_polling_keeps_the_loop_awake_for_its_window_and_no_longer():
-    window, after, still = _busy_poll_cpu(20_000)
-    assert window >= 0.008, f"the loop slept through its 20 ms polling window ({window * 1e3:.1f} ms of CPU)"
-    assert not still and after < window / 2
-    window, _, still = _busy_poll_cpu(0)  # --busy-poll-us 0: the loop sleeps
-    assert window < 0.005 and not still
+    wall, cpu, turns, after, still = _busy_poll(20_000)
+    assert wall >= 0.020 and turns > 10
+    assert cpu >= 0.008, f"the loop slept through its 20 ms polling window ({cpu * 1e3:.1f} ms of CPU)"
+    assert not still and after == 0
+    _, _, turns, after, still = _busy_poll(0)  # --busy-poll-us 0: the loop never polls
+    assert turns == 0 and after == 0 and not still
     with pytest.raises(ValueError):
         BusyPoll(-1)
 
@@ -477,11 +495,14 @@ def test_the_rest_of_a_large_data_frame_is_read_straight_into_the_handlers_buffe
             self.body = memoryview(bytearray(len(payload)))
             self.filled = 0
             self.direct = 0
+            self.got_first = asyncio.get_running_loop().create_future()
             self.ended = asyncio.get_running_loop().create_future()
 
         def data(self, chunk):
             self.body[self.filled:self.filled + chunk.nbytes] = chunk
             self.filled += chunk.nbytes
+            if self.filled >= first and not self.got_first.done():
+                self.got_first.set_result(None)
 
         def receive_into(self, limit):
             return self.body[self.filled:self.filled + min(limit, len(payload) - self.filled)]
@@ -510,8 +531,7 @@ def test_the_rest_of_a_large_data_frame_is_read_straight_into_the_handlers_buffe
             + (1).to_bytes(4, "big")
         theirs.setblocking(False)
         await loop.sock_sendall(theirs, head + data_header + payload[:first])
-        while handler.filled < first:  # the first bytes reach data() through the receive buffer
-            await asyncio.sleep(0.001)
+        await asyncio.wait_for(handler.got_first, 10)  # the first bytes reach data() through the receive buffer
         await loop.sock_sendall(theirs, payload[first:])
         await asyncio.wait_for(handler.ended, 10)
         theirs.close()
