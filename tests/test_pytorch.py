@@ -5,18 +5,26 @@ import warnings
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+
+from tritonmp.gpus import visible_gpus
 
 torch = pytest.importorskip("torch", reason="torch is not installed (install tritonmp[torch], or make test-torch)")
 
 
 class AddSub(torch.nn.Module):
     def forward(self, a, b):
-        return a + b, a - b
+        on_gpu = 100.0 if a.is_cuda and b.is_cuda else 0.0  # tells the client where the sums were made
+        return a + b + on_gpu, a - b
 
 
 @pytest.fixture
 def repo(tmp_path):
+    return _addsub_repo(tmp_path, "")
+
+
+def _addsub_repo(tmp_path, instance_group: str):
     model = tmp_path / "repo" / "addsub"
     (model / "1").mkdir(parents=True)
     with warnings.catch_warnings():  # TorchScript is what Triton's libtorch backend serves, deprecated or not
@@ -27,7 +35,7 @@ def repo(tmp_path):
         'input [ { name: "INPUT__1", data_type: TYPE_FP32, dims: [ 3 ] }, '
         '{ name: "INPUT__0", data_type: TYPE_FP32, dims: [ 3 ] } ]\n'
         'output [ { name: "OUTPUT__0", data_type: TYPE_FP32, dims: [ 3 ] }, '
-        '{ name: "OUTPUT__1", data_type: TYPE_FP32, dims: [ 3 ] } ]\n')
+        '{ name: "OUTPUT__1", data_type: TYPE_FP32, dims: [ 3 ] } ]\n' + instance_group)
     return tmp_path / "repo"
 
 
@@ -44,3 +52,40 @@ def test_torchscript_model_serves_with_indexed_names(start_server, repo):
     np.testing.assert_array_equal(result.as_numpy("OUTPUT__1"), a - b)
     assert client.get_model_metadata("addsub")["platform"] == "pytorch_libtorch"
     assert "torch " in server.log() and "on cpu" in server.log()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not visible_gpus(), reason="no NVIDIA GPU visible on this machine")
+def test_kind_gpu_instance_runs_on_cuda_with_device_memory_in_and_out(start_server, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("torch here was built without CUDA")
+    cudashm = pytest.importorskip("tritonclient.utils.cuda_shared_memory", reason="needs cuda-python")
+    server = start_server([_addsub_repo(tmp_path, "instance_group [ { kind: KIND_GPU, gpus: [ 0 ] } ]\n")],
+                          "--allow-client-shm=true")
+    assert "on cuda:0" in server.log()
+    a = np.arange(12, dtype=np.float32).reshape(4, 3)
+    b = np.full((4, 3), 2, np.float32)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inputs = [grpcclient.InferInput("INPUT__0", [4, 3], "FP32"), grpcclient.InferInput("INPUT__1", [4, 3], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    result = client.infer("addsub", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), a + b + 100)  # the sums were made on the GPU
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT__1"), a - b)
+    region_in = cudashm.create_shared_memory_region("torch_in", 2 * a.nbytes, 0)
+    region_out = cudashm.create_shared_memory_region("torch_out", a.nbytes, 0)
+    try:
+        cudashm.set_shared_memory_region(region_in, [a, b])
+        client.register_cuda_shared_memory("torch_in", cudashm.get_raw_handle(region_in), 0, 2 * a.nbytes)
+        client.register_cuda_shared_memory("torch_out", cudashm.get_raw_handle(region_out), 0, a.nbytes)
+        inputs[0].set_shared_memory("torch_in", a.nbytes)
+        inputs[1].set_shared_memory("torch_in", b.nbytes, offset=a.nbytes)
+        outputs = [grpcclient.InferRequestedOutput("OUTPUT__0"), grpcclient.InferRequestedOutput("OUTPUT__1")]
+        outputs[0].set_shared_memory("torch_out", a.nbytes)
+        result = client.infer("addsub", inputs, outputs=outputs)
+        np.testing.assert_array_equal(cudashm.get_contents_as_numpy(region_out, np.float32, [4, 3]), a + b + 100)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT__1"), a - b)
+    finally:
+        client.unregister_cuda_shared_memory()
+        cudashm.destroy_shared_memory_region(region_in)
+        cudashm.destroy_shared_memory_region(region_out)

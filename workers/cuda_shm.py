@@ -33,14 +33,16 @@ def ipc_handle(raw_handle: bytes) -> _IpcHandle:
 
 
 def _find_cudart() -> str:
+    """libcudart: TRITONMP_CUDART, else NVIDIA's runtime wheel (nvidia/cuda_runtime/lib for CUDA 12,
+    nvidia/cu13/lib for CUDA 13), else the system's (the loader's cache, then the toolkit's folder)."""
     explicit = os.environ.get("TRITONMP_CUDART")
     if explicit:
         return explicit
     try:
-        import nvidia.cuda_runtime as wheel  # the nvidia-cuda-runtime-cu12 wheel
+        import nvidia  # the namespace package of NVIDIA's wheels
 
-        for base in wheel.__path__:
-            found = sorted(glob.glob(os.path.join(base, "lib", "libcudart.so*")))
+        for base in nvidia.__path__:
+            found = sorted(glob.glob(os.path.join(base, "*", "lib", "libcudart.so*")))
             if found:
                 return found[0]
     except ImportError:
@@ -48,6 +50,9 @@ def _find_cudart() -> str:
     name = ctypes.util.find_library("cudart")
     if name:
         return name
+    found = sorted(glob.glob("/usr/local/cuda/lib64/libcudart.so*"))
+    if found:
+        return found[0]
     raise ValueError("the CUDA runtime (libcudart) is not installed; install tritonmp[gpu] to use CUDA "
                      "shared memory")
 
