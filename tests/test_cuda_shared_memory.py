@@ -14,8 +14,6 @@ from tritonclient.utils import InferenceServerException
 
 from tritonmp.gpus import visible_gpus
 
-from conftest import write_model
-
 FAKE_HANDLE = base64.b64encode(bytes(64)).decode()
 
 
@@ -81,24 +79,7 @@ needs_gpu = pytest.mark.skipif(not visible_gpus() or os.environ.get("TRITONMP_FA
                                reason="no NVIDIA GPU visible on this machine")
 
 
-ADD_PY = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            a = pb_utils.get_input_tensor_by_name(r, "A").as_numpy()
-            b = pb_utils.get_input_tensor_by_name(r, "B").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("C", a + b)]))
-        return out
-"""
-ADD_IO = ('input [ { name: "A", data_type: TYPE_FP32, dims: [ 3 ] }, { name: "B", data_type: TYPE_FP32, dims: [ 3 ] } ]'
-          '\noutput [ { name: "C", data_type: TYPE_FP32, dims: [ 3 ] } ]\n')
-
-
-def _kind_gpu_add(repo, framework: str) -> None:
+def _kind_gpu_add(repo, framework: str, example_repo) -> None:
     """An add model on a KIND_GPU instance: ONNX on onnxruntime's CUDA provider, or a python model
     (whose worker moves the tensors between the client's device memory and the host)."""
     if framework == "onnx":
@@ -111,19 +92,21 @@ def _kind_gpu_add(repo, framework: str) -> None:
         (repo / "add_gpu" / "config.pbtxt").write_text(
             'platform: "onnxruntime_onnx"\nmax_batch_size: 8\ninstance_group [ { kind: KIND_GPU, gpus: [ 0 ] } ]\n')
     else:
-        write_model(repo, "add_gpu", ADD_PY, 'backend: "python"\nmax_batch_size: 8\n' + ADD_IO
-                    + 'instance_group [ { kind: KIND_GPU, gpus: [ 0 ] } ]\n')
+        shutil.copytree(example_repo / "add_py", repo / "add_gpu")
+        config = repo / "add_gpu" / "config.pbtxt"
+        text = config.read_text().replace('name: "add_py"', 'name: "add_gpu"')
+        config.write_text(text.replace("kind: KIND_CPU", "kind: KIND_GPU, gpus: [ 0 ]"))
 
 
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("framework", ["onnx", "python"])
 @pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
-def test_inputs_and_outputs_in_device_memory(start_server, tmp_path, module, framework):
+def test_inputs_and_outputs_in_device_memory(start_server, tmp_path, example_repo, module, framework):
     cudashm = pytest.importorskip("tritonclient.utils.cuda_shared_memory",
                                   reason="needs cuda-python (install tritonmp[gpu])")
     repo = tmp_path / "gpu"
-    _kind_gpu_add(repo, framework)
+    _kind_gpu_add(repo, framework, example_repo)
     server = start_server([repo], "--allow-client-shm=true")
     client = module.InferenceServerClient(server.url if module is httpclient else server.grpc_url)
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
