@@ -9,6 +9,7 @@ import numpy as np
 import orjson
 import pytest
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tritonmp.gpus import visible_gpus
 
@@ -64,6 +65,51 @@ def test_kind_gpu_without_gpus_fails_the_load_with_the_reason(tmp_path):
     completed = cfg.load(str(repo / "whereami"))
     with pytest.raises(LoadError, match="asks for KIND_GPU, but no GPU is visible"):
         instance_specs(completed.config, "auto", [])
+
+
+def test_default_instances_go_to_the_gpus_only_where_the_framework_can_use_them(start_server, tmp_path,
+                                                                             example_repo, monkeypatch):
+    from tritonmp.repository.gpu_support import gpu_capable
+
+    if gpu_capable("onnxruntime"):
+        pytest.skip("this onnxruntime has the CUDA provider")
+    monkeypatch.setenv("TRITONMP_FAKE_GPUS", "0")
+    repo = _repo(tmp_path)
+    shutil.copytree(example_repo / "add", repo / "add")  # no instance_group: Triton's default
+    (repo / "add_auto").mkdir()
+    shutil.copytree(example_repo / "add" / "1", repo / "add_auto" / "1")
+    (repo / "add_auto" / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\ninstance_group [ { kind: KIND_AUTO } ]\n')
+    (repo / "add_gpu").mkdir()
+    shutil.copytree(example_repo / "add" / "1", repo / "add_gpu" / "1")
+    (repo / "add_gpu" / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\ninstance_group [ { kind: KIND_GPU } ]\n')
+    server = start_server([repo], "--model-control-mode", "explicit", "--load-model", "add",
+                          "--load-model", "add_auto", "--load-model", "whereami")
+    client = httpclient.InferenceServerClient(server.url)
+    for name in ("add", "add_auto"):
+        assert [g["kind"] for g in client.get_model_config(name)["instance_group"]] == ["KIND_CPU"]
+        a = np.arange(6, dtype=np.float32).reshape(2, 3)
+        np.testing.assert_array_equal(client.infer(name, add_inputs(httpclient, a)).as_numpy("C"), a + a)
+    assert "model 'add': this onnxruntime has no CUDA provider" in server.log()
+    assert "so its default instances run on the CPU" in server.log()
+    assert _whereami(server)[1]["model_instance_kind"] == "GPU"  # python models take GPU instances, as on Triton
+    with pytest.raises(InferenceServerException, match="needs onnxruntime's CUDAExecutionProvider"):
+        client.load_model("add_gpu")  # asked for by name: the load fails with the reason
+
+
+def test_gpu_support_reads_what_the_frameworks_say_of_themselves():
+    from tritonmp.repository.gpu_support import gpu_capable
+
+    ort = pytest.importorskip("onnxruntime")
+    assert gpu_capable("onnxruntime") == ("CUDAExecutionProvider" in ort.get_available_providers())
+    assert gpu_capable("python") and gpu_capable("tensorrt") and not gpu_capable("openvino")
+    try:
+        import torch
+    except ImportError:
+        assert not gpu_capable("pytorch")
+    else:
+        assert gpu_capable("pytorch") == torch.backends.cuda.is_built()
 
 
 needs_gpu = pytest.mark.skipif(not visible_gpus() or os.environ.get("TRITONMP_FAKE_GPUS") is not None,

@@ -26,6 +26,7 @@ from ..scheduling.sequence import SequenceScheduler
 from ..validation import TensorConfig
 from . import config as cfg
 from .config import ConfigProblem
+from .gpu_support import gpu_capable, why_not
 from .warmup import warmup_requests
 
 log = logging.getLogger("tritonmp.models")
@@ -163,8 +164,16 @@ def priorities_of(config: mc.ModelConfig) -> Priorities:
                       {level: _queue_policy(p) for level, p in db.priority_queue_policy.items()})
 
 
-def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int]) -> list[InstanceSpec]:
-    """Expand the instance groups (filling a default group from --workers) into instances."""
+def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int], backend: str = "") -> list[InstanceSpec]:
+    """Expand the instance groups (filling a default group from --workers) into instances. The default
+    group and KIND_AUTO groups go to the GPUs only where `backend` can use them (gpu_support)."""
+    visible = gpus
+    if gpus and backend and not gpu_capable(backend) and (
+            not config.instance_group
+            or any(g.kind == mc.ModelInstanceGroup.KIND_AUTO for g in config.instance_group)):
+        log.info("model '%s': %s, so its %s instances run on the CPU", config.name, why_not(backend),
+                 "KIND_AUTO" if config.instance_group else "default")
+        gpus = []  # for the default and KIND_AUTO groups; explicit KIND_GPU groups keep `visible`
     if not config.instance_group:
         total = (len(gpus) or 1) if workers == "auto" else int(workers)
         if gpus:
@@ -186,14 +195,14 @@ def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int]) -> lis
             kind = mc.ModelInstanceGroup.KIND_GPU if gpus else mc.ModelInstanceGroup.KIND_CPU
             group.kind = kind
         if kind == mc.ModelInstanceGroup.KIND_GPU:
-            devices = list(group.gpus) or gpus
-            if not gpus:
+            devices = list(group.gpus) or visible
+            if not visible:
                 raise LoadError(f"instance group '{group.name}' asks for KIND_GPU, but no GPU is visible; "
                                 "use KIND_CPU or KIND_AUTO")
             for d in devices:
-                if d not in gpus:
+                if d not in visible:
                     raise LoadError(f"instance group '{group.name}' names GPU {d}, which is not visible "
-                                    f"(visible: {gpus})")
+                                    f"(visible: {visible})")
             if not group.gpus:
                 group.gpus.extend(devices)
             k = 0
@@ -354,7 +363,7 @@ class ModelManager:
             completed = cfg.load(path, self.options.auto_complete, override, self.options.default_max_batch_sizes,
                                  self.options.config_name)
             specs = [] if completed.backend == "ensemble" else \
-                instance_specs(completed.config, self.options.workers, self.options.gpus)
+                instance_specs(completed.config, self.options.workers, self.options.gpus, completed.backend)
         except (ConfigProblem, LoadError) as e:
             raise invalid(f"load failed for model '{name}': {e}") from None
         versions = cfg.version_is_wanted(completed.config, completed.versions)
