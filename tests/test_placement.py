@@ -33,7 +33,7 @@ def _repo(tmp_path, config_tail=""):
 
 
 def test_cpu_instance_gets_triton_args_and_no_gpu(start_server, tmp_path):
-    server = start_server([_repo(tmp_path)])
+    server = start_server([_repo(tmp_path, 'instance_group [ { kind: KIND_CPU } ]\n')])  # also where GPUs are
     devices, args = _whereami(server)
     assert devices == ""
     assert args == {"model_instance_kind": "CPU", "model_instance_name": "whereami_0_0",

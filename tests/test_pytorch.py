@@ -21,7 +21,7 @@ class AddSub(torch.nn.Module):
 
 @pytest.fixture
 def repo(tmp_path):
-    return _addsub_repo(tmp_path, "")
+    return _addsub_repo(tmp_path, "instance_group [ { kind: KIND_CPU } ]\n")  # also where GPUs are
 
 
 def _addsub_repo(tmp_path, instance_group: str):
