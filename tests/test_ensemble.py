@@ -196,7 +196,8 @@ def test_an_ensemble_stopped_under_its_requests_answers_them_unavailable(start_s
     root = tmp_path / "repo"
     write_model(root, "slow", SLOW,
                 'backend: "python"\nmax_batch_size: 8\ninput [ { name: "X", data_type: TYPE_FP32, dims: [ 3 ] } ]\n'
-                'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 3 ] } ]\n')
+                'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 3 ] } ]\n'
+                'instance_group [ { count: 2, kind: KIND_CPU } ]\n')  # both requests run at once
     (root / "slowpipe" / "1").mkdir(parents=True)
     (root / "slowpipe" / "config.pbtxt").write_text(SLOW_PIPELINE)
     fifo = root / "slow" / "release"
@@ -220,8 +221,8 @@ def test_an_ensemble_stopped_under_its_requests_answers_them_unavailable(start_s
         with ThreadPoolExecutor(2) as pool:
             pool.submit(call, httpclient, server.url)
             pool.submit(call, grpcclient, server.grpc_url)
-            server.wait_until(lambda: server.log().count("slow: executing") >= 1, 30,
-                              "the requests to reach the model")
+            server.wait_until(lambda: server.log().count("slow: executing") >= 2, 30,
+                              "both requests to reach the model")
             status, _, _ = server.post("/v2/repository/models/slowpipe/unload", b"{}")
             assert status == 200
     finally:
