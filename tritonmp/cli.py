@@ -103,6 +103,11 @@ def serve_parser() -> argparse.ArgumentParser:
                    help="the largest gRPC request message, as received and as decompressed (RESOURCE_EXHAUSTED "
                         "beyond it; a message whose prefix declares more is refused before its bytes are read); "
                         "default Triton's, INT32_MAX")
+    p.add_argument("--worker-heap-retain-mb", type=_count, default=1024, metavar="MIB",
+                   help="memory a worker's model frees is kept, up to this many MiB, for its next allocations "
+                        "instead of going back to the kernel at once, so a model that makes large arrays per "
+                        "request does not fault in fresh pages for each; all of it goes back after 10 s "
+                        "without a batch (0: the C library's own policy)")
     p.add_argument("--arena-mb", type=int, default=64,
                    help="size of each worker's input and output shared-memory arena, in MiB")
     triton_flags.add_to(p)
@@ -172,7 +177,8 @@ def serve(argv: list[str]) -> int:
                             exit_timeout=args.exit_timeout_secs, execution_timeout=args.execution_timeout_secs,
                             load_timeout=args.model_load_timeout_secs,
                             gpus=visible_gpus(), default_max_batch_sizes=max_batch_sizes,
-                            config_name=args.model_config_name, busy_poll_us=args.busy_poll_us)
+                            config_name=args.model_config_name, busy_poll_us=args.busy_poll_us,
+                            heap_retain_bytes=args.worker_heap_retain_mb << 20)
     from .errors import ServerError
     from .observability.tracing import Tracer, settings_from_flags
     from .scheduling.response_cache import from_flags as cache_from_flags

@@ -28,6 +28,7 @@ from tritonmp.ipc.arena import Arena
 from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor
 from .client_shm import ClientRegions
 from .cuda_shm import CudaRegions
+from .heap import HeapRetention
 from .inbox import Inbox
 
 PR_SET_PDEATHSIG = 1
@@ -69,6 +70,7 @@ def load_backend(spec: transport.WorkerSpec, config: dict):
 class Worker:
     def __init__(self, spec: transport.WorkerSpec):
         self.spec = spec
+        self.heap = HeapRetention(spec.heap_retain_bytes)  # before the model allocates anything
         self.sock = socket.socket(fileno=spec.fd)
         self.inbox = Inbox(self.sock)
         self.send_lock = threading.Lock()
@@ -381,7 +383,9 @@ class Worker:
                 break  # the frontend has gone
             kind, header, frames = message
             if kind == transport.EXECUTE:
+                self.heap.used()
                 self.run_batch(transport.decode(transport.Execute, header), frames)
+                self.heap.used()
             elif kind == transport.STOP:
                 break
 

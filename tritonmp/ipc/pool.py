@@ -108,7 +108,8 @@ class Instance:
             model_name=pool.model_name, model_version=pool.version, model_dir=pool.model_dir,
             backend=pool.backend, config_json=pool.config_json, instance_name=self.spec.name,
             kind=self.spec.kind, device_id=self.spec.device_id, in_arena=self.in_arena.name,
-            out_arenas=[a.name for a in self.outputs.all], arena_bytes=arena_bytes, log_verbose=pool.log_verbose)
+            out_arenas=[a.name for a in self.outputs.all], arena_bytes=arena_bytes, log_verbose=pool.log_verbose,
+            heap_retain_bytes=pool.heap_retain_bytes)
         env = dict(os.environ)
         env[transport.SPEC_ENV] = transport.encode_spec(spec)
         if self.spec.kind == "GPU":
@@ -595,6 +596,7 @@ class InstancePool:
         self.decoupled = False  # responses stream back, any number per request
         self.senders = backend == "python"  # a request may be answered through its response sender
         self.load_timeout = 0.0  # seconds a worker may take to load before it is killed; 0: no limit
+        self.heap_retain_bytes = 0  # memory a worker frees that it keeps for reuse (--worker-heap-retain-mb)
         self.bls: Callable | None = None  # the dataplane's infer, for models' own requests (BLS)
         self.bls_stream: Callable | None = None  # the dataplane's infer_stream, for decoupled BLS requests
         self.custom_metrics = CustomMetrics()  # the server's, set by the model manager

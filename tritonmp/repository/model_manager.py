@@ -47,6 +47,7 @@ class ServerOptions:
     default_max_batch_sizes: dict[str, int] = field(default_factory=dict)
     config_name: str = ""  # --model-config-name: read configs/NAME.pbtxt where a model has one
     busy_poll_us: int = DEFAULT_BUSY_POLL_US  # --busy-poll-us: the loop polls this long after a batch
+    heap_retain_bytes: int = 1 << 30  # --worker-heap-retain-mb: freed memory a worker keeps for reuse
 
 
 class ModelVersion:
@@ -73,6 +74,7 @@ class ModelVersion:
         self.pool.gpus = options.gpus
         self.pool.decoupled = c.model_transaction_policy.decoupled
         self.pool.load_timeout = options.load_timeout
+        self.pool.heap_retain_bytes = options.heap_retain_bytes
         self.pool.execution_timeout = _execution_timeout(c, options.execution_timeout)
         self.pool.busy_poll = poll
         db = c.dynamic_batching if c.HasField("dynamic_batching") else None
