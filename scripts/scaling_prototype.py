@@ -64,7 +64,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def replicas(n: int, seconds: float, connections: int, repo: str, lua: str) -> tuple[float, float]:
+def replicas(n: int, seconds: float, connections: int, repo: str, lua: str, threads: int = 1) -> tuple[float, float]:
     port = free_port()
     procs = [subprocess.Popen([sys.executable, __file__, "--serve-replica", repo, str(port)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(n)]
@@ -73,10 +73,11 @@ def replicas(n: int, seconds: float, connections: int, repo: str, lua: str) -> t
             if p.stdout.readline().strip() != "ready":
                 raise SystemExit("a replica did not start")
         url = f"http://127.0.0.1:{port}/v2/models/add_py/infer"
-        subprocess.run(["wrk", "-t1", "-c", str(connections), "-d1s", "-s", lua, url], capture_output=True, check=True)
+        wrk = ["wrk", f"-t{threads}", "-c", str(connections)]
+        subprocess.run([*wrk, "-d1s", "-s", lua, url], capture_output=True, check=True)
         before = [cpu_seconds(p.pid) for p in procs]
-        out = subprocess.run(["wrk", "-t1", "-c", str(connections), f"-d{seconds:g}s", "-s", lua, url],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run([*wrk, f"-d{seconds:g}s", "-s", lua, url], capture_output=True, text=True,
+                             check=True).stdout
         used = sum(cpu_seconds(p.pid) for p in procs) - sum(before)
         requests = int(re.search(r"(\d+) requests in", out).group(1))
         return requests / seconds, used / requests * 1e6
@@ -173,6 +174,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--connections", type=int, default=64)
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--wrk-threads", type=int, default=1, help="wrk's threads (one may not keep many replicas busy)")
     ap.add_argument("--in-flight", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--serve-replica", nargs=2, metavar=("REPO", "PORT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -188,9 +190,9 @@ def main() -> None:
             shutil.copytree(ROOT / "configs/model_repository/add_py", repo / "add_py")
             lua = Path(tmp) / "add.lua"
             lua.write_text(LUA)
-            print(f"1. replicas on SO_REUSEPORT, wrk -c{args.connections}")
+            print(f"1. replicas on SO_REUSEPORT, wrk -t{args.wrk_threads} -c{args.connections}")
             for n in args.replicas:
-                rps, us = replicas(n, args.seconds, args.connections, str(repo), str(lua))
+                rps, us = replicas(n, args.seconds, args.connections, str(repo), str(lua), args.wrk_threads)
                 print(f"   {n} replica(s): {rps:8.0f} req/s   frontend CPU {us:5.1f} us/request")
     print("2. the hop to a scheduling process (128-byte descriptors over a socketpair)")
     for k in args.in_flight:
