@@ -24,7 +24,7 @@ class WorkRequest:
     parameters: dict = field(default_factory=dict)
     batch_sizes: list[int] = field(default_factory=list)
     sender: object = None  # python models: send(WorkResponse | None, final: bool), any time until final
-    cancelled: object = None  # python models: a threading.Event, set when the request's client has gone
+    cancelled: object = None  # python models: an inbox.CancelFlag, set when the request's client has gone
     # outputs the client wants in its system shared memory: name -> the writable window there, so a
     # backend that can write its output in place saves a copy
     output_buffers: dict = field(default_factory=dict)

@@ -25,6 +25,23 @@ import threading
 from tritonmp.ipc import transport
 
 
+class CancelFlag:
+    """Set when a request's client has gone. A plain attribute, not a threading.Event: it is made
+    for every request a python model gets, nobody waits on it, and an Event costs a Condition and
+    a lock each."""
+
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def set(self) -> None:
+        self.cancelled = True
+
+    def is_set(self) -> bool:
+        return self.cancelled
+
+
 class Inbox:
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -32,7 +49,7 @@ class Inbox:
         self.main: queue.SimpleQueue = queue.SimpleQueue()  # (kind, header, frames), None when the frontend has gone
         self.lock = threading.Lock()
         self.calls: dict[int, queue.SimpleQueue] = {}  # call number -> its answers (BlsResult, frames)
-        self.cancel_flags: dict[tuple[int, int], threading.Event] = {}  # (batch id, index) -> set on CANCEL
+        self.cancel_flags: dict[tuple[int, int], CancelFlag] = {}  # (batch id, index) -> set on CANCEL
         self.closed = False
         self._numbers = itertools.count(1)
         self._reading = threading.Lock()  # held by whichever thread reads the socket
@@ -155,8 +172,8 @@ class Inbox:
             self.calls.pop(number, None)
 
     # -- cancellation ----------------------------------------------------------------------
-    def cancel_flag(self, batch_id: int, index: int) -> threading.Event:
-        flag = threading.Event()
+    def cancel_flag(self, batch_id: int, index: int) -> CancelFlag:
+        flag = CancelFlag()
         with self.lock:
             self.cancel_flags[(batch_id, index)] = flag
         return flag

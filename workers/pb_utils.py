@@ -281,7 +281,7 @@ class InferenceResponseSender:
     so that no client waits for a response that cannot come. A non-decoupled model's one response
     reaches its client when it is sent."""
 
-    def __init__(self, send, decoupled: bool = True, cancelled: threading.Event | None = None):
+    def __init__(self, send, decoupled: bool = True, cancelled=None):
         self._send = send  # send(response | None, final: bool, error: str = "")
         self._cancelled = cancelled  # set when the request's client has gone
         self._decoupled = decoupled
