@@ -20,6 +20,8 @@ from tritonmp.scheduling.busy_poll import BusyPoll
 from tritonmp.scheduling.scheduler import BatchPolicy, Scheduler
 from tritonmp.workers import cuda_shm
 
+from conftest import wait_for
+
 
 def _req(batch=1, key=("x",), at=0):
     r = InferRequest("m", "")
@@ -440,7 +442,7 @@ def test_the_worker_inbox_hands_the_socket_between_its_two_readers():
     # busy again: answers and cancellations arrive while it is, batches wait for the next next()
     flag = inbox.cancel_flag(2, 0)
     send(transport.CANCEL, transport.Cancel(2, 0))
-    assert flag.wait(10)
+    wait_for(flag.is_set, 10, "the cancellation to reach its flag")
     send(transport.BLS_RESULT, transport.BlsResult(call=number, number=2.0))
     assert answers.get(timeout=10)[0].number == 2.0
     transport.send_message(frontend, transport.STOP, b"second")
