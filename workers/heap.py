@@ -3,8 +3,8 @@
 glibc hands every block of 32 MiB or more back to the kernel the moment it is freed (they are
 mmap'd), and trims the top of its heap past a few MiB. A model that makes a large array per request
 (`np.add(a, b)` on 64 MiB inputs, a decoded image) then maps fresh memory each time, and the kernel
-faults in and zeroes every page of it again: at 64 MiB a request that was a fifth of the worker's
-time. With a retain limit, the worker's allocations come from its heap (no mmap per block) and up to
+faults in and zeroes every page of it again: at 64 MiB, about a quarter of the worker's time per
+request. With a retain limit, the worker's allocations come from its heap (no mmap per block) and up to
 that many bytes freed at the heap's top stay mapped, so the next request's array reuses pages that
 are already there. The worker's resident memory then stays at its high-water mark while it is busy;
 after IDLE_S seconds without a batch everything free is handed back (malloc_trim).

@@ -3,13 +3,15 @@
 Decides the kind of a model's default instance group and of KIND_AUTO groups, as Triton's backends
 do with their preferred instance group: a model whose config names no instance group gets one
 instance per visible GPU only where its framework can use them (onnxruntime with its CUDA provider,
-torch built with CUDA); otherwise it runs on the CPU, and its load log says why. An explicit
-KIND_GPU group is left as written: its load fails with the framework's reason.
+torch built with CUDA, TensorFlow's full build with cuDNN); otherwise it runs on the CPU, and its
+load log says why. An explicit KIND_GPU group is left as written: its load fails with the
+framework's reason.
 Looks at the installed files only, so the frontend imports no framework.
 """
 
 from __future__ import annotations
 
+import ctypes.util
 import functools
 import glob
 import importlib.metadata
@@ -42,8 +44,10 @@ def gpu_capable(backend: str) -> bool:
         return _package_files("onnxruntime", os.path.join("capi", "libonnxruntime_providers_cuda.so"))
     if backend == "pytorch":
         return _package_files("torch", os.path.join("lib", "libtorch_cuda.so"))
-    if backend == "tensorflow":
-        return _installed("tensorflow") and not _installed("tensorflow-cpu")
+    if backend == "tensorflow":  # the full build, with cuDNN beside it (tensorflow[and-cuda], or the system's)
+        return _installed("tensorflow") and not _installed("tensorflow-cpu") and (
+            _package_files("nvidia", os.path.join("cudnn", "lib", "libcudnn.so*"))
+            or ctypes.util.find_library("cudnn") is not None)
     if backend == "openvino":
         return False  # its backend runs on the CPU, as Triton's does
     return True  # python models (on a GPU instance, as on Triton), TensorRT
@@ -54,6 +58,6 @@ def why_not(backend: str) -> str:
     return {
         "onnxruntime": "this onnxruntime has no CUDA provider (install tritonmp[gpu] for onnxruntime-gpu)",
         "pytorch": "this torch is built without CUDA",
-        "tensorflow": "this TensorFlow is a CPU build",
+        "tensorflow": "this TensorFlow is a CPU build or has no cuDNN beside it",
         "openvino": "the openvino backend runs on the CPU",
     }.get(backend, f"the {backend} backend cannot use a GPU here")
