@@ -129,6 +129,10 @@ class InferenceTrace:
         return self._context or None
 
 
+_CPU_MEMORY = PreferredMemory(TRITONSERVER_MEMORY_CPU)  # what a request prefers unless told otherwise
+_NO_TRACE = InferenceTrace()
+
+
 class SharedMemory:
     """The worker's shared memory for outputs: free_memory() is how many bytes it has left."""
 
@@ -434,14 +438,12 @@ class InferenceRequest:
         self._id = request_id
         self._correlation_id = correlation_id
         self._flags = flags
-        if isinstance(parameters, dict):
-            parameters = json.dumps(parameters, separators=(",", ":"))  # compact, as Triton writes it
-        self._parameters = parameters or "{}"
+        self._parameters = parameters or "{}"  # a dict becomes JSON text when parameters() is first asked
         self._model_version = model_version
         self._timeout = timeout
         self._sender = _kwargs.get("response_sender")
-        self._preferred_memory = preferred_memory or PreferredMemory(TRITONSERVER_MEMORY_CPU)
-        self._trace = trace or InferenceTrace()
+        self._preferred_memory = preferred_memory or _CPU_MEMORY
+        self._trace = trace or _NO_TRACE
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     def trace(self) -> InferenceTrace:
@@ -477,7 +479,10 @@ class InferenceRequest:
         return self._requested
 
     def parameters(self) -> str:
-        return self._parameters
+        parameters = self._parameters
+        if not isinstance(parameters, str):
+            parameters = self._parameters = json.dumps(parameters, separators=(",", ":"))  # compact, as Triton's
+        return parameters
 
     def timeout(self) -> int:
         return self._timeout

@@ -94,7 +94,7 @@ class PythonBackend:
                 (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if params.get("sequence_end") else 0)
             pb_requests.append(pb_utils.InferenceRequest(
                 model_name=self.config["name"], inputs=tensors, requested_output_names=r.outputs,
-                request_id=r.id, parameters=json.dumps(params, separators=(",", ":")), response_sender=sender,
+                request_id=r.id, parameters=params, response_sender=sender,
                 correlation_id=params.get("sequence_id", 0), flags=flags))
         try:
             try:
