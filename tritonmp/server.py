@@ -6,6 +6,7 @@ workers, unlink shared memory)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import time
@@ -52,6 +53,16 @@ def _model_table(models: ModelManager) -> str:
         return "|" + "|".join(f" {c:<{w}} " for c, w in zip(r, widths)) + "|"
 
     return "\n".join([line, fmt(header), line, *(fmt(r) for r in rows), line])
+
+
+def _settle_collector() -> None:
+    """Once the start-up models are loaded: what start-up made (modules, protobuf descriptors, model
+    configs, about 50,000 objects the collector tracks) lives as long as the process, so it is taken
+    out of the collector's sight. A full collection then walks only what serving has made since:
+    on add_py under perf_analyzer gRPC -c64, timed with gc.callbacks, a full collection paused the
+    loop, and every request in flight, for 24-34 ms before and 1-1.3 ms after."""
+    gc.collect()
+    gc.freeze()
 
 
 class Server:
@@ -143,6 +154,7 @@ class Server:
             if load.done():
                 failures = load.result()
                 log.info("\n%s", _model_table(models))
+                _settle_collector()
                 self.notifier.notify("READY=1", "STATUS=serving" + (f"; {len(failures)} model version(s) "
                                                                     "unavailable" if failures else ""))
                 if failures and self.exit_on_error:
