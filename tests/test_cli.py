@@ -29,6 +29,9 @@ def test_bad_flag_values_are_refused():
     result = subprocess.run([*TRITONMP, "--model-repository", ".", "--busy-poll-us", "-5"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "expected 0 or a positive number" in result.stderr
+    result = subprocess.run([*TRITONMP, "--model-repository", ".", "--worker-heap-retain-mb", "4096"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "expected 0 to 2047 (MiB), got '4096'" in result.stderr
 
 
 def test_missing_repository_is_an_error(tmp_path):

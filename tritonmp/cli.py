@@ -28,6 +28,14 @@ def _count(text: str) -> int:
     raise argparse.ArgumentTypeError(f"expected 0 or a positive number, got '{text}'")
 
 
+def _retain_mib(text: str) -> int:
+    """--worker-heap-retain-mb: glibc takes the trim threshold as a C int, so 2047 MiB at most."""
+    value = _count(text)
+    if value > 2047:
+        raise argparse.ArgumentTypeError(f"expected 0 to 2047 (MiB), got '{text}'")
+    return value
+
+
 def serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tritonmp", description="A Triton-compatible inference server.")
     p.add_argument("--version", action="version", version=f"tritonmp {__version__}")
@@ -103,11 +111,11 @@ def serve_parser() -> argparse.ArgumentParser:
                    help="the largest gRPC request message, as received and as decompressed (RESOURCE_EXHAUSTED "
                         "beyond it; a message whose prefix declares more is refused before its bytes are read); "
                         "default Triton's, INT32_MAX")
-    p.add_argument("--worker-heap-retain-mb", type=_count, default=1024, metavar="MIB",
+    p.add_argument("--worker-heap-retain-mb", type=_retain_mib, default=1024, metavar="MIB",
                    help="memory a worker's model frees is kept, up to this many MiB, for its next allocations "
                         "instead of going back to the kernel at once, so a model that makes large arrays per "
                         "request does not fault in fresh pages for each; all of it goes back after 10 s "
-                        "without a batch (0: the C library's own policy)")
+                        "without a batch (0: the C library's own policy; at most 2047)")
     p.add_argument("--arena-mb", type=int, default=64,
                    help="size of each worker's input and output shared-memory arena, in MiB")
     triton_flags.add_to(p)

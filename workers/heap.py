@@ -41,7 +41,7 @@ class HeapRetention:
         self.active = False
         if self.libc is None:
             return
-        limit = min(retain_bytes, _INT_MAX)
+        limit = min(retain_bytes, _INT_MAX)  # the CLI allows 2047 MiB at most; mallopt takes an int
         self.active = bool(self.libc.mallopt(M_MMAP_MAX, 0)) and bool(self.libc.mallopt(M_TRIM_THRESHOLD, limit))
         self.last_use = time.monotonic()
         self.trimmed = False
