@@ -144,8 +144,10 @@ def _busy_poll(window_us: int) -> tuple[float, float, int, int, bool]:
 
 def test_busy_polling_keeps_the_loop_awake_for_its_window_and_no_longer():
     wall, cpu, turns, after, still = _busy_poll(20_000)
-    assert wall >= 0.020 and turns > 10
-    assert cpu >= 0.008, f"the loop slept through its 20 ms polling window ({cpu * 1e3:.1f} ms of CPU)"
+    assert wall >= 0.020
+    # a polling loop turns every few microseconds, even with a share of a busy core (on 16 busy cores:
+    # hundreds of turns in 7.7 ms of CPU); a loop that slept through its window would turn once or twice
+    assert turns > 100, f"the loop slept through its 20 ms polling window ({turns} turns, {cpu * 1e3:.1f} ms of CPU)"
     assert not still and after == 0
     _, _, turns, after, still = _busy_poll(0)  # --busy-poll-us 0: the loop never polls
     assert turns == 0 and after == 0 and not still
