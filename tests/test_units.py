@@ -135,8 +135,11 @@ def _busy_poll(window_us: int) -> tuple[float, float, int, int, bool]:
             await asyncio.wait_for(poll.closed, 5)
         wall, cpu = time.monotonic() - start, time.thread_time() - cpu
         turns = poll.turns
-        for _ in range(10):
-            await asyncio.sleep(0)  # yields a turn; no wait
+        loop = asyncio.get_running_loop()
+        for _ in range(10):  # give the loop ten turns of its own
+            turn = loop.create_future()
+            loop.call_soon(turn.set_result, None)
+            await turn
         return wall, cpu, turns, poll.turns - turns, poll._polling
 
     return uvloop.run(run())
