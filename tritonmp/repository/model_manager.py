@@ -169,21 +169,20 @@ def priorities_of(config: mc.ModelConfig) -> Priorities:
 def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int], backend: str = "") -> list[InstanceSpec]:
     """Expand the instance groups (filling a default group from --workers) into instances. The default
     group and KIND_AUTO groups go to the GPUs only where `backend` can use them (gpu_support)."""
-    visible = gpus
-    if gpus and backend and not gpu_capable(backend) and (
+    placeable = gpus if not backend or gpu_capable(backend) else []  # for the default and KIND_AUTO groups
+    if gpus and not placeable and (
             not config.instance_group
             or any(g.kind == mc.ModelInstanceGroup.KIND_AUTO for g in config.instance_group)):
         log.info("model '%s': %s, so its %s instances run on the CPU", config.name, why_not(backend),
                  "KIND_AUTO" if config.instance_group else "default")
-        gpus = []  # for the default and KIND_AUTO groups; explicit KIND_GPU groups keep `visible`
     if not config.instance_group:
-        total = (len(gpus) or 1) if workers == "auto" else int(workers)
-        if gpus:
+        total = (len(placeable) or 1) if workers == "auto" else int(workers)
+        if placeable:
             # `total` instances spread over the GPUs, one group per GPU (Triton's count is per GPU)
-            for i, gpu in enumerate(gpus[:total]):
+            for i, gpu in enumerate(placeable[:total]):
                 group = config.instance_group.add()
                 group.kind = mc.ModelInstanceGroup.KIND_GPU
-                group.count = total // len(gpus) + (1 if i < total % len(gpus) else 0)
+                group.count = total // len(placeable) + (1 if i < total % len(placeable) else 0)
                 group.gpus.append(gpu)
         else:
             group = config.instance_group.add()
@@ -194,17 +193,17 @@ def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int], backen
     for group in config.instance_group:
         kind = group.kind
         if kind == mc.ModelInstanceGroup.KIND_AUTO:
-            kind = mc.ModelInstanceGroup.KIND_GPU if gpus else mc.ModelInstanceGroup.KIND_CPU
+            kind = mc.ModelInstanceGroup.KIND_GPU if placeable else mc.ModelInstanceGroup.KIND_CPU
             group.kind = kind
         if kind == mc.ModelInstanceGroup.KIND_GPU:
-            devices = list(group.gpus) or visible
-            if not visible:
+            devices = list(group.gpus) or gpus
+            if not gpus:
                 raise LoadError(f"instance group '{group.name}' asks for KIND_GPU, but no GPU is visible; "
                                 "use KIND_CPU or KIND_AUTO")
             for d in devices:
-                if d not in visible:
+                if d not in gpus:
                     raise LoadError(f"instance group '{group.name}' names GPU {d}, which is not visible "
-                                    f"(visible: {visible})")
+                                    f"(visible: {gpus})")
             if not group.gpus:
                 group.gpus.extend(devices)
             k = 0
