@@ -33,8 +33,80 @@ MAX_DIM = 2**63 - 1
 
 def check_request(request: InferRequest, model: str, max_batch_size: int, inputs: dict[str, TensorConfig],
                   outputs: dict[str, str]) -> None:
-    """Raise an INVALID_ARG ServerError for the first thing wrong; set batch_size and shape_key."""
-    prefix = f"[request id: {request.id or '<id_unknown>'}] "
+    """Raise an INVALID_ARG ServerError for the first thing wrong; set batch_size and shape_key.
+
+    A request with every configured input once, each of its configured type, shape and size (the
+    common case) is accepted in one pass that makes nothing but its shape key; anything else is
+    looked at in Triton's order by `_check_in_order`, which finds what is wrong and words it."""
+    tensors = request.inputs
+    if len(tensors) != len(inputs):
+        return _check_in_order(request, model, max_batch_size, inputs, outputs)
+    batched = max_batch_size > 0
+    batch = 1 if not batched else -1
+    key = []
+    in_order = True
+    for t, config_name in zip(tensors, inputs):
+        name = t.name
+        cfg = inputs.get(name)
+        if cfg is None or t.datatype != cfg.datatype or t.datatype == "BYTES":
+            return _check_in_order(request, model, max_batch_size, inputs, outputs)
+        in_order = in_order and name == config_name
+        shape = t.shape
+        count = 1
+        if batched:
+            if not shape:
+                return _check_in_order(request, model, max_batch_size, inputs, outputs)
+            if batch == -1:
+                batch = shape[0]
+                if not 1 <= batch <= max_batch_size:
+                    return _check_in_order(request, model, max_batch_size, inputs, outputs)
+            elif shape[0] != batch:
+                return _check_in_order(request, model, max_batch_size, inputs, outputs)
+            count = batch
+            rest = tuple(shape[1:])
+        else:
+            rest = tuple(shape)
+        dims = cfg.dims
+        if len(rest) != len(dims):
+            return _check_in_order(request, model, max_batch_size, inputs, outputs)
+        for e, d in zip(dims, rest):
+            if d < 0 or d > MAX_DIM or (e != -1 and e != d):
+                return _check_in_order(request, model, max_batch_size, inputs, outputs)
+            count *= d
+        data = t.data
+        nbytes = data.nbytes if isinstance(data, (memoryview, ShmRef)) else len(data)
+        if nbytes != count * datatypes.ITEMSIZE[t.datatype]:
+            return _check_in_order(request, model, max_batch_size, inputs, outputs)
+        key.append((name, rest))
+    if len({k[0] for k in key}) != len(key):  # a name twice (so another missing)
+        return _check_in_order(request, model, max_batch_size, inputs, outputs)
+    if request.outputs is not None:
+        _check_outputs(request, model, outputs)
+    request.batch_size = batch
+    request.shape_key = tuple(sorted(key))
+    if not in_order:  # inputs in configuration order, so that merged batches line up
+        order = {name: i for i, name in enumerate(inputs)}
+        tensors.sort(key=lambda t: order[t.name])
+
+
+def _check_outputs(request: InferRequest, model: str, outputs: dict[str, str]) -> None:
+    seen = set()
+    for o in request.outputs:
+        if o.name not in outputs:
+            raise invalid(f"unexpected inference output '{o.name}' for model '{model}'")
+        if o.name in seen:  # as newer Triton releases refuse it (2.51 let it through)
+            raise invalid(f"{_prefix(request)}output '{o.name}' is requested more than once for model '{model}'")
+        seen.add(o.name)
+
+
+def _prefix(request: InferRequest) -> str:
+    return f"[request id: {request.id or '<id_unknown>'}] "
+
+
+def _check_in_order(request: InferRequest, model: str, max_batch_size: int, inputs: dict[str, TensorConfig],
+                    outputs: dict[str, str]) -> None:
+    """check_request for any request, looking at each thing in the order Triton does."""
+    prefix = _prefix(request)
     given = {t.name for t in request.inputs}
     required = [n for n, c in inputs.items() if not c.optional]
     missing = [n for n in required if n not in given]
@@ -89,13 +161,7 @@ def check_request(request: InferRequest, model: str, max_batch_size: int, inputs
     request.batch_size = batch if max_batch_size > 0 else 1
     request.shape_key = tuple(sorted(key))
     if request.outputs is not None:
-        seen = set()
-        for o in request.outputs:
-            if o.name not in outputs:
-                raise invalid(f"unexpected inference output '{o.name}' for model '{model}'")
-            if o.name in seen:  # as newer Triton releases refuse it (2.51 let it through)
-                raise invalid(f"{prefix}output '{o.name}' is requested more than once for model '{model}'")
-            seen.add(o.name)
+        _check_outputs(request, model, outputs)
     # inputs in configuration order, so that merged batches line up
     order = {name: i for i, name in enumerate(inputs)}
     request.inputs.sort(key=lambda t: order[t.name])

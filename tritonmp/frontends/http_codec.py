@@ -80,11 +80,11 @@ def _json_data(name: str, datatype: str, shape: list[int], data) -> bytes:
     if array.size != count:
         raise invalid(f"Unable to parse 'data' of input '{name}': Shape does not match true shape of "
                       "'data' field")
-    return array.reshape(-1).view(np.uint8).tobytes()
+    return array.tobytes()  # C order, as the array was made from the lists
 
 
 def _shape(name: str, value) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in value):
+    if type(value) is not list or not all(type(d) is int for d in value):  # JSON numbers: int, never bool
         raise invalid(f"Unable to parse 'shape' of input '{name}': expected a list of integers")
     return value
 

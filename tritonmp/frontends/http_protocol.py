@@ -217,13 +217,16 @@ class FastInfer:
         else:  # a bug of ours: answer, log, and keep serving
             log.error("POST infer of model '%s' failed", self.model, exc_info=error)
             status, message = 500, f"internal error: {type(error).__name__}: {error}"
-        self.protocol.fast_reply(self, status, _JSON, [orjson.dumps({"error": message})])
+        self.protocol.fast_reply(self, status, JSON_HEADERS, [orjson.dumps({"error": message})])
 
 
-_JSON = [(b"content-type", b"application/json")]
+JSON_HEADERS = [(b"content-type", b"application/json")]  # a JSON response's own headers
+_JSON_HEADS: dict = {}  # status -> (the default headers it was made with, head): see _head
 _IDLE = "nothing (idle keep-alive)"  # the deadline between a connection's requests
 _INFER_PREFIX = b"/v2/models/"
 _INFER_SUFFIX = b"/infer"
+_MODEL_AT = len(_INFER_PREFIX)
+_INFER_LENGTH = len(_INFER_SUFFIX)
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -352,37 +355,44 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _fast_infer(self) -> FastInfer | None:
         """A FastInfer for this request when it is an infer whose body can be taken whole without
-        ASGI, else None."""
+        ASGI, else None. The route is the one HttpApp.infer_route matches, taken apart by hand, and
+        the headers are looked at in one pass."""
         url = self.url
         if not (url.startswith(_INFER_PREFIX) and url.endswith(_INFER_SUFFIX)) or b"%" in url or b"?" in url \
                 or self.parser.get_method() != b"POST" or self.expect_100_continue or self.flow.write_paused \
                 or (self.cycle is not None and not self.cycle.response_complete):
             return None
+        parts = url[_MODEL_AT:-_INFER_LENGTH].split(b"/")
+        if len(parts) == 1 and parts[0]:
+            model, version = parts[0], b""
+        elif len(parts) == 3 and parts[1] == b"versions" and parts[0] and parts[2]:
+            model, version = parts[0], parts[2]
+        else:
+            return None
+        if not model.isascii() or not version.isascii():
+            return None
         app = self.fast_app
-        if app.restrictions:
-            return None
-        try:
-            m = app.infer_route.fullmatch(url.decode("ascii"))
-        except UnicodeDecodeError:
-            return None
-        if m is None:
-            return None
         length = -1
+        header_length = None
+        accept_encoding = ""
         for key, value in self.headers:
             if key == b"content-length":
                 if not value.isdigit():
                     return None
                 length = int(value)
+            elif key == b"inference-header-content-length":
+                if not value.isdigit():
+                    return None  # the ASGI path refuses it in Triton's words
+                header_length = int(value)
+            elif key == b"accept-encoding":
+                accept_encoding = value.decode("latin-1")
             elif key in (b"transfer-encoding", b"content-encoding", b"upgrade"):
                 return None
         if not 0 <= length < LARGE_BODY or length > app.max_input_size:
             return None
-        try:
-            header_length, _, accept_encoding = app.infer_headers(self.headers)
-        except ServerError:
-            return None  # the ASGI path answers it
         keep_alive = self.parser.should_keep_alive() and self.parser.get_http_version() != "1.0"
-        return FastInfer(self, m["model"], m["version"] or "", header_length, accept_encoding, keep_alive)
+        return FastInfer(self, model.decode("ascii"), version.decode("ascii"), header_length, accept_encoding,
+                         keep_alive)
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
@@ -404,6 +414,26 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         super().on_message_complete()
 
+    def _head(self, status: int, headers: list) -> bytes:
+        """A response's head up to the value of its Content-Length. The server's default headers
+        (the date among them) are a new list each second, and most responses are JSON with the same
+        status: those heads are kept for reuse until the default headers change."""
+        default = self.server_state.default_headers
+        if headers is JSON_HEADERS:
+            cached = _JSON_HEADS.get(status)
+            if cached is not None and cached[0] is default:
+                return cached[1]
+        head = [STATUS_LINE[status]]
+        for name, value in default:
+            head += (name, b": ", value, b"\r\n")
+        for name, value in headers:
+            head += (name, b": ", value, b"\r\n")
+        head.append(b"content-length: ")
+        joined = b"".join(head)
+        if headers is JSON_HEADERS:
+            _JSON_HEADS[status] = (default, joined)
+        return joined
+
     def fast_reply(self, cycle: FastInfer, status: int, headers: list, parts: list) -> None:
         """Write a FastInfer's response: head and body in one system call."""
         if cycle.response_complete:
@@ -411,16 +441,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         cycle.response_complete = True
         if cycle.disconnected:
             return
-        head = [STATUS_LINE[status]]
-        for name, value in self.server_state.default_headers:
-            head += (name, b": ", value, b"\r\n")
-        for name, value in headers:
-            head += (name, b": ", value, b"\r\n")
-        head += (b"content-length: ", str(sum(len(p) for p in parts)).encode(), b"\r\n")
-        if not cycle.keep_alive:
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
-        self.transport.write_parts([b"".join(head), *parts])
+        length = len(parts[0]) if len(parts) == 1 else sum(len(p) for p in parts)
+        end = b"\r\n\r\n" if cycle.keep_alive else b"\r\nconnection: close\r\n\r\n"
+        self.transport.write_parts([b"%s%d%s" % (self._head(status, headers), length, end), *parts])
         if not cycle.keep_alive:
             self.transport.close()
         self.on_response_complete()
@@ -430,5 +453,7 @@ def protocol_class(limits: Limits, max_body: int = 0, fast_app=None) -> type[Gua
     """The protocol class for one listener with these limits (uvicorn takes a class); bodies up to
     `max_body` bytes are received into one buffer each; `fast_app`'s infer route is served without
     ASGI where it can be."""
+    if fast_app is not None and fast_app.restrictions:
+        fast_app = None  # every request's headers are looked at by the ASGI app
     return type("GuardedHttpProtocol", (GuardedHttpProtocol,),
                 {"limits": limits, "max_body": max_body, "fast_app": fast_app})

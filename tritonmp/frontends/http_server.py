@@ -20,13 +20,13 @@ from .. import __version__
 from ..dataplane import EXTENSIONS, Dataplane
 from ..errors import ServerError, invalid, too_large, unsupported
 from . import generate, http_codec, json_offload
-from .http_protocol import BODY_KEY, ReceivedBody
+from .http_protocol import BODY_KEY, JSON_HEADERS, ReceivedBody
 from .inflate import TooLarge, inflate
 from .restricted import HTTP_GROUP, Restrictions, http_message
 
 log = logging.getLogger("tritonmp.http")
 
-_JSON = [(b"content-type", b"application/json")]
+_JSON = JSON_HEADERS
 _TEXT = [(b"content-type", b"text/plain")]
 
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
