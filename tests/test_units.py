@@ -547,3 +547,44 @@ def test_the_rest_of_a_large_data_frame_is_read_straight_into_the_handlers_buffe
     handler = uvloop.run(run())
     assert bytes(handler.body) == payload
     assert handler.direct == len(payload) - first
+
+
+def test_the_one_pass_request_check_agrees_with_the_full_check():
+    """check_request's one pass accepts only what the full check accepts, and leaves the request as
+    the full check does (batch size, shape key, inputs in configuration order); whatever it does not
+    accept gets the full check's error."""
+    from tritonmp import validation
+    from tritonmp.errors import ServerError
+
+    config = {"A": validation.TensorConfig("A", "FP32", (3,)), "B": validation.TensorConfig("B", "INT32", (-1,))}
+
+    def request(*tensors):
+        return InferRequest("m", "", "id1",
+                            [Tensor(n, dt, list(shape), b"\0" * size) for n, dt, shape, size in tensors])
+
+    cases = [
+        [("A", "FP32", (2, 3), 24), ("B", "INT32", (2, 5), 40)],  # in order
+        [("B", "INT32", (1, 4), 16), ("A", "FP32", (1, 3), 12)],  # out of order
+        [("A", "FP32", (1, 3), 12), ("A", "FP32", (1, 3), 12)],  # a name twice
+        [("A", "FP32", (1, 3), 12), ("B", "INT32", (2, 4), 32)],  # batch sizes differ
+        [("A", "FP32", (9, 3), 108), ("B", "INT32", (9, 4), 144)],  # over max_batch_size
+        [("A", "FP32", (1, 3), 12), ("B", "INT32", (1, 4), 15)],  # bytes short
+        [("A", "FP32", (1, 4), 16), ("B", "INT32", (1, 4), 16)],  # wrong dimension
+        [("A", "FP32", (1, 3), 12), ("B", "INT64", (1, 4), 32)],  # wrong type
+        [("A", "FP32", (1, -3), 12), ("B", "INT32", (1, 4), 16)],  # negative dimension
+        [("A", "FP32", (1, 3), 12), ("C", "INT32", (1, 4), 16)],  # unknown name
+        [("A", "FP32", (1, 3), 12)],  # one missing
+    ]
+    for tensors in cases:
+        fast, full = request(*tensors), request(*tensors)
+        outcomes = []
+        for req, check in ((fast, validation.check_request), (full, validation._check_in_order)):
+            try:
+                check(req, "m", 8, config, {"C": "FP32"})
+                outcomes.append((req.batch_size, req.shape_key, [t.name for t in req.inputs]))
+            except ServerError as e:
+                outcomes.append(e.message)
+        assert outcomes[0] == outcomes[1], tensors
+    accepted = request(("B", "INT32", (1, 4), 16), ("A", "FP32", (1, 3), 12))
+    validation.check_request(accepted, "m", 8, config, {"C": "FP32"})
+    assert [t.name for t in accepted.inputs] == ["A", "B"] and accepted.shape_key == (("A", (3,)), ("B", (4,)))
