@@ -75,3 +75,20 @@ def test_a_grpc_client_that_cancels_its_stream_reaches_the_model(server):
     client.close()
     server.wait_until(lambda: server.log().count("ticker: cancelled after") > before, 30,
                       "the ticker model to see is_cancelled()")
+
+
+def test_a_cancellation_reaches_a_model_while_it_executes(server):
+    """The client goes while execute() runs: the model sees is_cancelled() without returning first."""
+    import tritonclient.grpc as grpcclient
+
+    before = server.log().count("cancellable: cancelled while executing")
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        x = grpcclient.InferInput("N", [1], "INT32")
+        x.set_data_from_numpy(np.array([1], np.int32))
+        with pytest.raises(InferenceServerException, match="Deadline"):
+            client.infer("cancellable", [x], client_timeout=1.0)
+        server.wait_until(lambda: server.log().count("cancellable: cancelled while executing") > before, 30,
+                          "the model to see is_cancelled() inside execute()")
+    finally:
+        client.close()

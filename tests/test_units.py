@@ -420,44 +420,56 @@ def test_a_large_grpc_request_parsed_around_its_raw_contents_is_the_same_request
             grpc_codec.parse_infer_request(bad)
 
 
-def test_the_worker_inbox_hands_the_socket_between_its_two_readers():
-    """The main loop reads while it waits; while it is busy the inbox thread reads, delivering BLS
-    answers and cancellations at once and queuing batches; the frontend's going reaches both."""
+def test_the_worker_inbox_is_read_by_whoever_waits():
+    """Whoever waits reads: a model's call reads its own answer; the main loop, waiting for work,
+    reads batches and routes answers to calls waiting in other threads; several callers at once
+    each get their own answer; cancellations that came while nobody read are seen when asked; the
+    frontend's going reaches the main loop and every open call."""
     import socket as socketlib
+    from concurrent.futures import ThreadPoolExecutor
 
     from tritonmp.workers.inbox import Inbox
 
     ours, frontend = socketlib.socketpair()
     inbox = Inbox(ours)
+    pool = ThreadPoolExecutor(4)
 
     def send(kind, header):
         transport.send_message(frontend, kind, transport.encode(header))
 
-    # busy from the start (a model's initialize()): a call's answer is read by the inbox thread
+    # nobody else reads (a model's initialize()): the caller reads its own answer, and a batch
+    # that comes first is kept for the main loop
     number, answers = inbox.open_call()
-    send(transport.BLS_RESULT, transport.BlsResult(call=number, value=True))
-    result, _ = answers.get(timeout=10)
-    assert result.value is True
-    # waiting: the main loop reads the batch itself, delivering what comes before it
-    flag = inbox.cancel_flag(1, 0)
-    send(transport.CANCEL, transport.Cancel(1, 0))
     transport.send_message(frontend, transport.STOP, b"first")
-    kind, header, _ = inbox.next()
-    assert (kind, bytes(header)) == (transport.STOP, b"first") and flag.is_set()
-    # busy again: answers and cancellations arrive while it is, batches wait for the next next()
+    send(transport.BLS_RESULT, transport.BlsResult(call=number, value=True))
+    result, _ = inbox.answer(answers)
+    assert result.value is True
+    assert bytes(inbox.next()[1]) == b"first"
+    # the main loop waits for work in another thread: it routes the answers of calls waiting in
+    # this one, several at once, in any order
+    waiting = pool.submit(inbox.next)
+    calls = [inbox.open_call() for _ in range(3)]
+    answered = [pool.submit(inbox.answer, q) for _, q in calls[:2]]
+    for n, _ in reversed(calls):
+        send(transport.BLS_RESULT, transport.BlsResult(call=n, number=float(n)))
+    assert inbox.answer(calls[2][1])[0].number == float(calls[2][0])
+    assert [f.result(timeout=10)[0].number for f in answered] == [float(n) for n, _ in calls[:2]]
+    transport.send_message(frontend, transport.STOP, b"second")
+    assert bytes(waiting.result(timeout=10)[1]) == b"second"
+    # nobody reads while the model computes: a cancellation is seen when the model asks
     flag = inbox.cancel_flag(2, 0)
+    other = inbox.cancel_flag(2, 1)
     send(transport.CANCEL, transport.Cancel(2, 0))
     wait_for(flag.is_set, 10, "the cancellation to reach its flag")
-    send(transport.BLS_RESULT, transport.BlsResult(call=number, number=2.0))
-    assert answers.get(timeout=10)[0].number == 2.0
-    transport.send_message(frontend, transport.STOP, b"second")
-    transport.send_message(frontend, transport.STOP, b"third")
-    assert bytes(inbox.next()[1]) == b"second"
-    assert bytes(inbox.next()[1]) == b"third"
+    assert not other.is_set()
     # the frontend goes: the waiting main loop and the open call hear None
+    waiting = pool.submit(inbox.next)
+    call = pool.submit(inbox.answer, answers)
     frontend.close()
-    assert inbox.next() is None
-    assert answers.get(timeout=10) is None
+    assert waiting.result(timeout=10) is None
+    assert call.result(timeout=10) is None
+    assert inbox.answer(inbox.open_call()[1]) is None
+    pool.shutdown()
     ours.close()
 
 

@@ -132,7 +132,7 @@ class Worker:
         try:
             header.call = number
             self.send(transport.BLS, header, frames)
-            answer = answers.get()
+            answer = self.inbox.answer(answers)
         finally:
             self.inbox.close_call(number)
         if answer is None:
@@ -201,7 +201,7 @@ class Worker:
         def responses():
             try:
                 while True:
-                    answer = answers.get()
+                    answer = self.inbox.answer(answers)
                     if answer is None:
                         raise SystemExit(0)  # the frontend has gone
                     result, reply_frames = answer
