@@ -600,3 +600,56 @@ def test_the_one_pass_request_check_agrees_with_the_full_check():
     accepted = request(("B", "INT32", (1, 4), 16), ("A", "FP32", (1, 3), 12))
     validation.check_request(accepted, "m", 8, config, {"C": "FP32"})
     assert [t.name for t in accepted.inputs] == ["A", "B"] and accepted.shape_key == (("A", (3,)), ("B", (4,)))
+
+
+def test_the_one_pass_grpc_decode_agrees_with_the_ordered_decode():
+    """grpc_codec.decode_infer's one pass makes the same request as the decode in Triton's order,
+    and leaves every refusal to it, so the first thing wrong is named as before."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    from tritonmp.errors import ServerError
+
+    def message(inputs, raw_count, contents=False, outputs=(), params=None):
+        m = pb.ModelInferRequest(model_name="m", model_version="2", id="r1")
+        for name, datatype, shm in inputs:
+            t = m.inputs.add(name=name, datatype=datatype, shape=[1, 2])
+            if shm:
+                t.parameters["shared_memory_region"].string_param = "region"
+                t.parameters["shared_memory_byte_size"].int64_param = 8
+            if contents:
+                t.contents.int_contents.extend([1, 2])
+        for i in range(raw_count):
+            m.raw_input_contents.append(bytes([i]) * 8)
+        for name in outputs:
+            o = m.outputs.add(name=name)
+            o.parameters["binary_data"].bool_param = True
+            o.parameters["classification"].int64_param = 2
+        for key, value in (params or {}).items():
+            m.parameters[key].int64_param = value
+        return m
+
+    cases = [
+        message([("A", "INT32", False), ("B", "FP32", False)], 2, outputs=["C"], params={"priority": 1}),
+        message([("A", "INT32", True), ("B", "FP32", False)], 1),  # one in shared memory
+        message([("A", "INT32", False), ("B", "FP32", False)], 1),  # one raw content short
+        message([("A", "INT32", False)], 2),  # one too many
+        message([("A", "INT32", False), ("B", "FP33", False)], 2),  # unknown datatype
+        message([("A", "INT32", False), ("B", "INT32", False)], 2, contents=True),  # raw and typed
+        message([("A", "INT32", False)], 0, contents=True),  # typed only
+    ]
+
+    def outcome(decode, m):
+        try:
+            r = decode(m)
+        except ServerError as e:
+            return e.message
+        return (r.model_name, r.model_version, r.id, r.parameters,
+                [(t.name, t.datatype, t.shape, None if t.data is None else bytes(t.data), t.parameters)
+                 for t in r.inputs],
+                None if r.outputs is None else [(o.name, o.parameters) for o in r.outputs])
+
+    for m in cases:
+        fast = outcome(grpc_codec.decode_infer, m)
+        assert fast == outcome(lambda m: grpc_codec._decode_in_order(m, m.raw_input_contents), m)
+    assert not isinstance(outcome(grpc_codec.decode_infer, cases[0]), str)
+    assert isinstance(outcome(grpc_codec.decode_infer, cases[2]), str)

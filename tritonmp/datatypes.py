@@ -56,8 +56,20 @@ def to_config(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else "TYPE_" + datatype
 
 
+_NAME_OF_DTYPE: dict = {}  # numeric numpy dtypes -> their Triton datatype name, as of_numpy finds them
+
+
 def of_numpy(dtype: np.dtype) -> str:
     """The Triton datatype name for a numpy dtype."""
+    name = _NAME_OF_DTYPE.get(dtype)
+    if name is None:
+        name = _find_name(dtype)
+        if np.dtype(dtype).kind not in ("O", "S", "U"):  # the string kinds: one dtype per length
+            _NAME_OF_DTYPE[dtype] = name
+    return name
+
+
+def _find_name(dtype) -> str:
     dtype = np.dtype(dtype)
     if dtype.kind in ("O", "S", "U"):
         return "BYTES"
@@ -133,4 +145,8 @@ def to_buffer(datatype: str, array: np.ndarray):
     if datatype == "BYTES":
         return serialize_bytes(array)
     array = np.ascontiguousarray(array, dtype=NUMPY_OF[datatype])
-    return memoryview(array.reshape(-1).view(np.uint8)) if array.size else b""
+    if not array.size:
+        return b""
+    if datatype == "BF16":  # a dtype numpy cannot export through the buffer protocol
+        return memoryview(array.reshape(-1).view(np.uint8))
+    return memoryview(array).cast("B")

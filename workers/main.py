@@ -256,7 +256,8 @@ class Worker:
         if ref.datatype == "BYTES":
             array = datatypes.deserialize_bytes(buf).reshape(ref.shape)
         else:
-            array = np.frombuffer(buf, dtype=datatypes.NUMPY_OF[ref.datatype]).reshape(ref.shape)
+            # the frontend checked the size: the buffer holds exactly the shape's elements
+            array = np.ndarray(ref.shape, datatypes.NUMPY_OF[ref.datatype], buf)
         return WorkTensor(ref.name, ref.datatype, array)
 
     def encode_tensor(self, t: WorkTensor, frames: list, shm_dest: transport.TensorRef | None = None,
@@ -319,7 +320,7 @@ class Worker:
                             r.parameters, r.batch_sizes)
                 for r in header.requests
             ]
-        except ValueError as e:  # a client region that cannot be mapped, malformed BYTES
+        except (ValueError, TypeError) as e:  # a client region that cannot be mapped, malformed BYTES, too short
             self.send(transport.RESULT, transport.Result(header.batch_id, [], error=str(e)))
             return
         on_device = getattr(self.backend, "writes_device_outputs", False)

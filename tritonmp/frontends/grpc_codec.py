@@ -124,10 +124,53 @@ def request_message(request: pb.ModelInferRequest | SplitRequest) -> pb.ModelInf
 
 
 def decode_infer(request: pb.ModelInferRequest | SplitRequest) -> InferRequest:
+    """The core request of a ModelInferRequest. The common case (inputs of known datatypes, in
+    raw_input_contents or in shared memory) is taken in one pass over the inputs; anything else,
+    and every refusal, goes through `_decode_in_order`, which checks in Triton's order."""
     if isinstance(request, SplitRequest):
         msg, raw = request.msg, request.raw
     else:
         msg, raw = request, request.raw_input_contents
+    if not raw:
+        return _decode_in_order(msg, raw)
+    inputs = []
+    next_raw = 0
+    count = len(raw)
+    itemsize = datatypes.ITEMSIZE
+    for t in msg.inputs:
+        datatype = t.datatype
+        if datatype not in itemsize or t.HasField("contents"):
+            return _decode_in_order(msg, raw)
+        if t.parameters:
+            params = parameters_dict(t.parameters)
+            if "shared_memory_region" in params:
+                inputs.append(Tensor(t.name, datatype, t.shape[:], None, params))
+                continue
+        else:
+            params = {}
+        if next_raw == count:
+            return _decode_in_order(msg, raw)
+        inputs.append(Tensor(t.name, datatype, t.shape[:], raw[next_raw], params))
+        next_raw += 1
+    if next_raw != count:
+        return _decode_in_order(msg, raw)
+    return _request(msg, inputs)
+
+
+def _request(msg: pb.ModelInferRequest, inputs: list) -> InferRequest:
+    """The core request of `msg` with its inputs decoded."""
+    outputs = None
+    if msg.outputs:
+        outputs = []
+        for o in msg.outputs:
+            params = parameters_dict(o.parameters) if o.parameters else {}
+            params.pop("binary_data", None)
+            outputs.append(RequestedOutput(o.name, params))
+    return InferRequest(msg.model_name, msg.model_version, msg.id, inputs, outputs,
+                        parameters_dict(msg.parameters) if msg.parameters else {})
+
+
+def _decode_in_order(msg: pb.ModelInferRequest, raw) -> InferRequest:
     tensors = msg.inputs
     params_of = [parameters_dict(t.parameters) if t.parameters else {} for t in tensors]
     in_shm = ["shared_memory_region" in p for p in params_of]
@@ -153,16 +196,8 @@ def decode_infer(request: pb.ModelInferRequest | SplitRequest) -> InferRequest:
             next_raw += 1
         else:
             data = _typed_contents(t, datatype)
-        inputs.append(Tensor(t.name, datatype, list(t.shape), data, params))
-    outputs = None
-    if msg.outputs:
-        outputs = []
-        for o in msg.outputs:
-            params = parameters_dict(o.parameters) if o.parameters else {}
-            params.pop("binary_data", None)
-            outputs.append(RequestedOutput(o.name, params))
-    return InferRequest(msg.model_name, msg.model_version, msg.id, inputs, outputs,
-                        parameters_dict(msg.parameters) if msg.parameters else {})
+        inputs.append(Tensor(t.name, datatype, t.shape[:], data, params))
+    return _request(msg, inputs)
 
 
 def encode_infer(response: InferResponse, with_contents: bool = True) -> pb.ModelInferResponse:
