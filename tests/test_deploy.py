@@ -11,12 +11,14 @@ import subprocess
 import sys
 
 import pytest
-import yaml
-from kubernetes.client import ApiClient
 
 from tritonmp.cli import serve_parser
 
 from conftest import ROOT, http_request
+
+yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (the test extra has it)")
+ApiClient = pytest.importorskip("kubernetes.client", reason="the kubernetes client is not installed (the test extra "
+                                "has it)").ApiClient
 
 DEPLOY = ROOT / "deploy"
 PORT_FLAGS = ("--http-port", "--grpc-port", "--metrics-port")
