@@ -1,5 +1,6 @@
-"""A model whose execute() waits, inside execute, until its request is cancelled: it says so in the
-log ("cancellable: cancelled while executing") and answers with a CANCELLED error. A request that
+"""A model whose execute() says it has started ("cancellable: executing"), then waits, inside
+execute, until its request is cancelled: it says so in the log ("cancellable: cancelled while
+executing") and answers with a CANCELLED error. A request that
 is never cancelled gets an error after CANCEL_WAIT_S."""
 
 import time
@@ -11,6 +12,7 @@ CANCEL_WAIT_S = 60.0
 
 class TritonPythonModel:
     def execute(self, requests):
+        pb_utils.Logger.log_info("cancellable: executing")
         deadline = time.monotonic() + CANCEL_WAIT_S
         while not all(request.is_cancelled() for request in requests):
             if time.monotonic() > deadline:
