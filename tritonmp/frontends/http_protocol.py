@@ -355,8 +355,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _fast_infer(self) -> FastInfer | None:
         """A FastInfer for this request when it is an infer whose body can be taken whole without
-        ASGI, else None. The route is the one HttpApp.infer_route matches, taken apart by hand, and
-        the headers are looked at in one pass."""
+        ASGI, else None. The route is the one HttpApp.infer_route matches, taken apart by hand."""
         url = self.url
         if not (url.startswith(_INFER_PREFIX) and url.endswith(_INFER_SUFFIX)) or b"%" in url or b"?" in url \
                 or self.parser.get_method() != b"POST" or self.expect_100_continue or self.flow.write_paused \
@@ -373,23 +372,19 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return None
         app = self.fast_app
         length = -1
-        header_length = None
-        accept_encoding = ""
         for key, value in self.headers:
             if key == b"content-length":
                 if not value.isdigit():
                     return None
                 length = int(value)
-            elif key == b"inference-header-content-length":
-                if not value.isdigit():
-                    return None  # the ASGI path refuses it in Triton's words
-                header_length = int(value)
-            elif key == b"accept-encoding":
-                accept_encoding = value.decode("latin-1")
             elif key in (b"transfer-encoding", b"content-encoding", b"upgrade"):
                 return None
         if not 0 <= length < LARGE_BODY or length > app.max_input_size:
             return None
+        try:
+            header_length, _, accept_encoding = app.infer_headers(self.headers)
+        except ServerError:
+            return None  # the ASGI path answers it
         keep_alive = self.parser.should_keep_alive() and self.parser.get_http_version() != "1.0"
         return FastInfer(self, model.decode("ascii"), version.decode("ascii"), header_length, accept_encoding,
                          keep_alive)
