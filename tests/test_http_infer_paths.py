@@ -184,3 +184,15 @@ def test_a_client_that_sends_without_reading_is_held_to_a_bounded_buffer(server)
             assert sent < 200_000, "the server kept reading a client that never reads"
         assert _rss_mib(server.pid) - before < 64
         assert http_request(server.http_port, "POST", "/v2/models/add_py/infer", orjson.dumps(ADD))[0] == 200
+
+
+def test_fast_path_response_heads_follow_the_date(server):
+    """The fast path keeps a JSON response's head for reuse: its Date header still moves on."""
+    def answer():
+        status, headers, body = server.post("/v2/models/add_py/infer", orjson.dumps(ADD))
+        assert status == 200 and headers["content-type"] == "application/json", body
+        assert int(headers["content-length"]) == len(body)
+        return headers["date"]
+
+    first = answer()
+    server.wait_until(lambda: answer() != first, 10, "a later answer's Date header to move on")
