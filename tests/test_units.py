@@ -158,6 +158,49 @@ def test_busy_polling_keeps_the_loop_awake_for_its_window_and_no_longer():
         BusyPoll(-1)
 
 
+class _RecordingTransport:
+    """The parts of an asyncio transport that CoalescingTransport uses, recording what is sent."""
+
+    def __init__(self, sent: list, name: str):
+        self.sent, self.name = sent, name
+
+    def writelines(self, parts) -> None:
+        self.sent.append((self.name, b"".join(parts)))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.sent.append((self.name, "closed"))
+
+    pause_reading = resume_reading = get_write_buffer_size = is_closing
+
+
+def test_http_responses_of_one_turn_go_out_together_at_its_end():
+    from tritonmp.frontends.http_protocol import CoalescingTransport
+
+    async def run() -> tuple[list, list, list]:
+        loop = asyncio.get_running_loop()
+        sent: list = []
+        a = CoalescingTransport(_RecordingTransport(sent, "a"), loop)
+        b = CoalescingTransport(_RecordingTransport(sent, "b"), loop)
+        a.writelines([b"head a ", b"body a"])
+        b.write(b"head b ")
+        b.write(b"body b")
+        a.write(b"; next a")
+        during = list(sent)  # nothing is sent while the turn goes on
+        await asyncio.sleep(0)
+        after_turn = list(sent)
+        b.write(b"late")
+        b.close()  # closing sends what is pending first
+        return during, after_turn, sent
+
+    during, after_turn, sent = asyncio.run(run())
+    assert during == []
+    assert after_turn == [("a", b"head a body a; next a"), ("b", b"head b body b")]  # one call each
+    assert sent[2:] == [("b", b"late"), ("b", "closed")]
+
+
 @pytest.fixture
 def arena():
     a = Arena(segment_name(0, "unit-test"), 1 << 20, create=True)

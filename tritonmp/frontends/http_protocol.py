@@ -10,7 +10,9 @@ buffer of that length (`ReceivedBody`, in the request's scope) instead of uvicor
 messages, which gather it 64 KiB at a time and copy it twice more on the way to the application.
 
 What the connection writes in one turn of the event loop goes out in one system call
-(`CoalescingTransport`): uvicorn writes a response's head and body apart.
+(`CoalescingTransport`): uvicorn writes a response's head and body apart. Those calls are made at
+the end of the turn, for every connection together (`Outbox`): the answers of a batch then reach
+their client in one burst, which wakes it once.
 
 The infer route's common case skips ASGI (`FastInfer`): a `POST .../infer` whose small body has a
 declared length and no coding is decoded when its last byte arrives, handed to the dataplane, and
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import weakref
 from dataclasses import dataclass
 
 import orjson
@@ -88,18 +91,48 @@ def _declared_length(headers: list) -> int:
     return length
 
 
+class Outbox:
+    """The connections of one event loop with writes pending, sent at the end of the loop's turn,
+    one after another. The responses of a batch finish in one turn; written together, the client
+    that sleeps on them is woken once for all of them, not once each (on a virtual machine, the
+    wake-up is most of what a small response's `send` costs)."""
+
+    __slots__ = ("_loop", "_queued")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._queued: list = []
+
+    def add(self, transport: CoalescingTransport) -> None:
+        if not self._queued:
+            self._loop.call_soon(self._send)
+        self._queued.append(transport)
+
+    def _send(self) -> None:
+        queued, self._queued = self._queued, []
+        for transport in queued:
+            transport.flush()
+
+
+_OUTBOXES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> its Outbox
+
+
 class CoalescingTransport:
     """A transport whose writes made in one turn of the event loop go out together, in one system
-    call: a response's head and body (uvicorn writes them apart), and the responses of pipelined
-    requests that finish together. Closing writes what is pending first; everything else is the
-    transport's own (the methods called per request are bound once, not looked up each time)."""
+    call, at the end of the turn (its Outbox): a response's head and body (uvicorn writes them
+    apart), and the responses of pipelined requests that finish together. Closing writes what is
+    pending first; everything else is the transport's own (the methods called per request are bound
+    once, not looked up each time)."""
 
-    __slots__ = ("_transport", "_loop", "_pending", "is_closing", "pause_reading", "resume_reading",
+    __slots__ = ("_transport", "_outbox", "_pending", "is_closing", "pause_reading", "resume_reading",
                  "get_write_buffer_size")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
         self._transport = transport
-        self._loop = loop
+        outbox = _OUTBOXES.get(loop)
+        if outbox is None:
+            outbox = _OUTBOXES[loop] = Outbox(loop)
+        self._outbox = outbox
         self._pending: list = []
         self.is_closing = transport.is_closing
         self.pause_reading = transport.pause_reading
@@ -108,27 +141,21 @@ class CoalescingTransport:
 
     def write(self, data) -> None:
         if not self._pending:
-            self._loop.call_soon(self._flush)
+            self._outbox.add(self)
         self._pending.append(data)
 
-    def write_parts(self, parts: list) -> None:
-        """A whole response at once: written now, after anything still pending."""
-        if self._pending:
-            self._pending.extend(parts)
-        elif not self._transport.is_closing():
-            self._transport.writelines(parts)
-
     def writelines(self, parts) -> None:
-        for part in parts:
-            self.write(part)
+        if not self._pending:
+            self._outbox.add(self)
+        self._pending.extend(parts)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         pending, self._pending = self._pending, []
         if pending and not self._transport.is_closing():
             self._transport.writelines(pending)
 
     def close(self) -> None:
-        self._flush()
+        self.flush()
         self._transport.close()
 
     def __getattr__(self, name: str):
@@ -438,7 +465,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         length = len(parts[0]) if len(parts) == 1 else sum(len(p) for p in parts)
         end = b"\r\n\r\n" if cycle.keep_alive else b"\r\nconnection: close\r\n\r\n"
-        self.transport.write_parts([b"%s%d%s" % (self._head(status, headers), length, end), *parts])
+        self.transport.writelines([b"%s%d%s" % (self._head(status, headers), length, end), *parts])
         if not cycle.keep_alive:
             self.transport.close()
         self.on_response_complete()
