@@ -201,6 +201,27 @@ def test_http_responses_of_one_turn_go_out_together_at_its_end():
     assert sent[2:] == [("b", b"late"), ("b", "closed")]
 
 
+def test_the_fast_infer_route_agrees_with_the_asgi_route():
+    from tritonmp.frontends import http_protocol
+    from tritonmp.frontends.http_server import INFER
+
+    targets = [b"/v2/models/add/infer", b"/v2/models/add/versions/3/infer", b"/v2/models//infer",
+               b"/v2/models/add/versions//infer", b"/v2/models/a/b/infer", b"/v2/models/add/infer/",
+               b"/v2/models/add/versions/3/x/infer", b"/v2/models/add/ready", b"/v2/health/ready",
+               b"/v2/models/add/infers", b"/v2/models/add/versions/infer"]
+    for target in targets:
+        match = INFER.fullmatch(target.decode())
+        want = (match["model"], match["version"] or "") if match else None
+        assert http_protocol._infer_route(target) == want, target
+        assert http_protocol._infer_route(target) == want, target  # kept, and the same
+    # targets that need decoding are left to the ASGI path, which decodes them
+    for target in [b"/v2/models/a%20b/infer", b"/v2/models/add/infer?x=1", "/v2/models/ä/infer".encode()]:
+        assert http_protocol._infer_route(target) is None
+    for n in range(http_protocol._ROUTES_KEPT + 10):  # however many targets come, a bounded number is kept
+        http_protocol._infer_route(b"/v2/models/m%d/infer" % n)
+    assert len(http_protocol._ROUTES) <= http_protocol._ROUTES_KEPT
+
+
 @pytest.fixture
 def arena():
     a = Arena(segment_name(0, "unit-test"), 1 << 20, create=True)

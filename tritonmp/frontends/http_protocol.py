@@ -256,6 +256,31 @@ _MODEL_AT = len(_INFER_PREFIX)
 _INFER_LENGTH = len(_INFER_SUFFIX)
 
 
+_ROUTES: dict = {}  # request target -> what _infer_route makes of it
+_ROUTES_KEPT = 4096
+
+
+def _infer_route(url: bytes) -> tuple[str, str] | None:
+    """The model and version ("\" for the default) of an infer request's target, the route that
+    HttpApp.infer_route matches, taken apart by hand; None for any other target, or one that needs
+    decoding. Kept per target: a server's clients ask the same few over and over."""
+    route = _ROUTES.get(url, False)
+    if route is not False:
+        return route
+    route = None
+    if url.startswith(_INFER_PREFIX) and url.endswith(_INFER_SUFFIX) and b"%" not in url and b"?" not in url \
+            and url.isascii():
+        parts = url[_MODEL_AT:-_INFER_LENGTH].decode("ascii").split("/")
+        if len(parts) == 1 and parts[0]:
+            route = (parts[0], "")
+        elif len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
+            route = (parts[0], parts[2])
+    if len(_ROUTES) >= _ROUTES_KEPT:
+        _ROUTES.clear()
+    _ROUTES[url] = route
+    return route
+
+
 class GuardedHttpProtocol(HttpToolsProtocol):
     limits = Limits()
     max_body = 0  # the largest body received into one buffer (the application's input limit); 0: none
@@ -382,20 +407,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _fast_infer(self) -> FastInfer | None:
         """A FastInfer for this request when it is an infer whose body can be taken whole without
-        ASGI, else None. The route is the one HttpApp.infer_route matches, taken apart by hand."""
-        url = self.url
-        if not (url.startswith(_INFER_PREFIX) and url.endswith(_INFER_SUFFIX)) or b"%" in url or b"?" in url \
-                or self.parser.get_method() != b"POST" or self.expect_100_continue or self.flow.write_paused \
-                or (self.cycle is not None and not self.cycle.response_complete):
-            return None
-        parts = url[_MODEL_AT:-_INFER_LENGTH].split(b"/")
-        if len(parts) == 1 and parts[0]:
-            model, version = parts[0], b""
-        elif len(parts) == 3 and parts[1] == b"versions" and parts[0] and parts[2]:
-            model, version = parts[0], parts[2]
-        else:
-            return None
-        if not model.isascii() or not version.isascii():
+        ASGI, else None."""
+        route = _infer_route(self.url)
+        if route is None or self.parser.get_method() != b"POST" or self.expect_100_continue \
+                or self.flow.write_paused or (self.cycle is not None and not self.cycle.response_complete):
             return None
         app = self.fast_app
         length = -1
@@ -413,8 +428,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         except ServerError:
             return None  # the ASGI path answers it
         keep_alive = self.parser.should_keep_alive() and self.parser.get_http_version() != "1.0"
-        return FastInfer(self, model.decode("ascii"), version.decode("ascii"), header_length, accept_encoding,
-                         keep_alive)
+        return FastInfer(self, route[0], route[1], header_length, accept_encoding, keep_alive)
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle

@@ -4,6 +4,7 @@ the same per batch size; rendered in Triton's JSON shape (the gRPC reply is pars
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 
 # upper bounds (microseconds) of the request duration histogram's buckets
 LATENCY_BUCKETS_US = (100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000,
@@ -11,12 +12,9 @@ LATENCY_BUCKETS_US = (100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 1000
 
 
 def _count(buckets: list[int], us: float) -> None:
-    """Count a duration in its histogram bucket (LATENCY_BUCKETS_US's bounds, then +Inf)."""
-    for i, bound in enumerate(LATENCY_BUCKETS_US):
-        if us <= bound:
-            buckets[i] += 1
-            return
-    buckets[-1] += 1
+    """Count a duration in its histogram bucket: the first of LATENCY_BUCKETS_US's bounds it does not
+    exceed, else +Inf (the last)."""
+    buckets[bisect_left(LATENCY_BUCKETS_US, us)] += 1
 
 
 class ModelStats:
