@@ -2,6 +2,7 @@
 the batch codec, the BYTES format, the CUDA IPC handle struct, HPACK blocks that may be cached."""
 
 import asyncio
+import gc
 import time
 from collections import deque
 from types import SimpleNamespace
@@ -177,6 +178,7 @@ class _RecordingTransport:
 
 
 def test_http_responses_of_one_turn_go_out_together_at_its_end():
+    from tritonmp.frontends import http_protocol
     from tritonmp.frontends.http_protocol import CoalescingTransport
 
     async def run() -> tuple[list, list, list]:
@@ -199,6 +201,8 @@ def test_http_responses_of_one_turn_go_out_together_at_its_end():
     assert during == []
     assert after_turn == [("a", b"head a body a; next a"), ("b", b"head b body b")]  # one call each
     assert sent[2:] == [("b", b"late"), ("b", "closed")]
+    gc.collect()
+    assert not [loop for loop in http_protocol._OUTBOXES if loop.is_closed()]  # an ended loop is let go
 
 
 def test_the_fast_infer_route_agrees_with_the_asgi_route():

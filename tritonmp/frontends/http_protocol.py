@@ -97,15 +97,14 @@ class Outbox:
     that sleeps on them is woken once for all of them, not once each (on a virtual machine, the
     wake-up is most of what a small response's `send` costs)."""
 
-    __slots__ = ("_loop", "_queued")
+    __slots__ = ("_queued",)  # no reference to the loop, which keys it weakly in _OUTBOXES
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self._loop = loop
+    def __init__(self):
         self._queued: list = []
 
     def add(self, transport: CoalescingTransport) -> None:
         if not self._queued:
-            self._loop.call_soon(self._send)
+            transport.loop.call_soon(self._send)
         self._queued.append(transport)
 
     def _send(self) -> None:
@@ -124,14 +123,15 @@ class CoalescingTransport:
     pending first; everything else is the transport's own (the methods called per request are bound
     once, not looked up each time)."""
 
-    __slots__ = ("_transport", "_outbox", "_pending", "is_closing", "pause_reading", "resume_reading",
+    __slots__ = ("_transport", "loop", "_outbox", "_pending", "is_closing", "pause_reading", "resume_reading",
                  "get_write_buffer_size")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
         self._transport = transport
+        self.loop = loop
         outbox = _OUTBOXES.get(loop)
         if outbox is None:
-            outbox = _OUTBOXES[loop] = Outbox(loop)
+            outbox = _OUTBOXES[loop] = Outbox()
         self._outbox = outbox
         self._pending: list = []
         self.is_closing = transport.is_closing
@@ -261,7 +261,7 @@ _ROUTES_KEPT = 4096
 
 
 def _infer_route(url: bytes) -> tuple[str, str] | None:
-    """The model and version ("\" for the default) of an infer request's target, the route that
+    """The model and version (empty for the default) of an infer request's target, the route that
     HttpApp.infer_route matches, taken apart by hand; None for any other target, or one that needs
     decoding. Kept per target: a server's clients ask the same few over and over."""
     route = _ROUTES.get(url, False)
