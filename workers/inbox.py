@@ -74,6 +74,14 @@ class Inbox:
             message = None
         return None if message is None else transport.unpack(message)
 
+    def _read_one(self) -> None:
+        """Read one message and route it; the frontend's going ends every wait."""
+        message = self._read()
+        if message is None:
+            self._end()
+        else:
+            self._route(message)
+
     def _route(self, message) -> None:
         """Deliver a message to whoever it is for: a call's answer, a cancellation, or the main loop."""
         kind, header, frames = message
@@ -136,11 +144,7 @@ class Inbox:
                             pass
                         if self.closed:  # and what it had for `items` taken already
                             return None
-                        message = self._read()
-                        if message is None:
-                            self._end()  # which puts None in `items`
-                        else:
-                            self._route(message)
+                        self._read_one()  # the frontend's going puts None in `items`
                 finally:
                     self._let_go()
             item = items.get()  # routed here by the reader, or its turn to read
@@ -156,11 +160,7 @@ class Inbox:
             return
         try:
             while not self.closed and (self.reader.buffered() or self._poller.poll(0)):
-                message = self._read()
-                if message is None:
-                    self._end()
-                else:
-                    self._route(message)
+                self._read_one()
         finally:
             self._let_go()
 

@@ -262,7 +262,7 @@ _ROUTES_KEPT = 4096
 
 def _infer_route(url: bytes) -> tuple[str, str] | None:
     """The model and version (empty for the default) of an infer request's target, the route that
-    HttpApp.infer_route matches, taken apart by hand; None for any other target, or one that needs
+    http_server.INFER matches, taken apart by hand; None for any other target, or one that needs
     decoding. Kept per target: a server's clients ask the same few over and over."""
     route = _ROUTES.get(url, False)
     if route is not False:

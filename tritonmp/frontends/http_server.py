@@ -26,7 +26,6 @@ from .restricted import HTTP_GROUP, Restrictions, http_message
 
 log = logging.getLogger("tritonmp.http")
 
-_JSON = JSON_HEADERS
 _TEXT = [(b"content-type", b"text/plain")]
 
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
@@ -60,7 +59,7 @@ ROUTES = [
 ]
 
 
-async def _send(send, status: int, body: bytes | list, headers=_JSON) -> None:
+async def _send(send, status: int, body: bytes | list, headers=JSON_HEADERS) -> None:
     """A response whose body is bytes, or a list of parts (bytes-like, of bytes) written in turn."""
     parts = body if isinstance(body, list) else (body,)
     await send({"type": "http.response.start", "status": status,
@@ -104,8 +103,6 @@ DEFAULT_MAX_INPUT_SIZE = 64 << 20  # --http-max-input-size, as later Triton rele
 
 
 class HttpApp:
-    infer_route = INFER  # the infer route's pattern, also matched by the protocol's fast path
-
     def __init__(self, dataplane: Dataplane, restrictions: Restrictions | None = None,
                  max_input_size: int = DEFAULT_MAX_INPUT_SIZE):
         self.dp = dataplane
@@ -394,7 +391,7 @@ class HttpApp:
         response."""
         out, json_length = http_codec.encode_infer(response, request, binary_default)
         if json_length is None:
-            headers = _JSON
+            headers = JSON_HEADERS  # the very list: the protocol keeps its heads by it
         else:
             headers = [(b"content-type", b"application/octet-stream"),
                        (b"inference-header-content-length", str(json_length).encode())]
