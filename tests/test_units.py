@@ -226,6 +226,22 @@ def test_the_fast_infer_route_agrees_with_the_asgi_route():
     assert len(http_protocol._ROUTES) <= http_protocol._ROUTES_KEPT
 
 
+def test_a_duration_counts_in_the_first_bucket_whose_bound_it_does_not_exceed():
+    from tritonmp.observability.stats import LATENCY_BUCKETS_US, _count
+
+    def bucket(us: float) -> int:
+        buckets = [0] * (len(LATENCY_BUCKETS_US) + 1)
+        _count(buckets, us)
+        assert sum(buckets) == 1
+        return buckets.index(1)
+
+    assert bucket(0) == 0
+    assert bucket(100) == 0  # on the bound: that bucket (Prometheus' le)
+    assert bucket(100.5) == 1
+    assert bucket(LATENCY_BUCKETS_US[-1]) == len(LATENCY_BUCKETS_US) - 1
+    assert bucket(LATENCY_BUCKETS_US[-1] + 1) == len(LATENCY_BUCKETS_US)  # +Inf
+
+
 @pytest.fixture
 def arena():
     a = Arena(segment_name(0, "unit-test"), 1 << 20, create=True)
