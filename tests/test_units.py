@@ -545,11 +545,12 @@ def test_the_worker_inbox_is_read_by_whoever_waits():
     transport.send_message(frontend, transport.STOP, b"second")
     assert bytes(waiting.result(timeout=10)[1]) == b"second"
     # nobody reads while the model computes: a cancellation is seen when the model asks
-    flag = inbox.cancel_flag(2, 0)
-    other = inbox.cancel_flag(2, 1)
+    flag, other = inbox.cancel_flags_for(2, 2)
     send(transport.CANCEL, transport.Cancel(2, 0))
     wait_for(flag.is_set, 10, "the cancellation to reach its flag")
     assert not other.is_set()
+    inbox.forget_all(2, [0, 1])  # ended: nothing is kept for them
+    assert not inbox.cancel_flags
     # the frontend goes: the waiting main loop and the open call hear None
     waiting = pool.submit(inbox.next)
     call = pool.submit(inbox.answer, answers)

@@ -190,13 +190,21 @@ class Inbox:
             self.calls.pop(number, None)
 
     # -- cancellation ----------------------------------------------------------------------
-    def cancel_flag(self, batch_id: int, index: int) -> CancelFlag:
-        flag = CancelFlag(self)
+    def cancel_flags_for(self, batch_id: int, count: int) -> list[CancelFlag]:
+        """The cancellation flags of a batch's `count` requests, in order."""
+        flags = [CancelFlag(self) for _ in range(count)]
         with self.lock:
-            self.cancel_flags[(batch_id, index)] = flag
-        return flag
+            self.cancel_flags.update(((batch_id, index), flag) for index, flag in enumerate(flags))
+        return flags
 
     def forget(self, batch_id: int, index: int) -> None:
         """The request has ended: a late cancellation has nothing to reach."""
         with self.lock:
             self.cancel_flags.pop((batch_id, index), None)
+
+    def forget_all(self, batch_id: int, indexes: list[int]) -> None:
+        """forget() for several requests of a batch."""
+        if indexes:
+            with self.lock:
+                for index in indexes:
+                    self.cancel_flags.pop((batch_id, index), None)

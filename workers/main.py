@@ -316,10 +316,10 @@ class Worker:
     def run_batch(self, header: transport.Execute, frames) -> None:
         t0 = time.perf_counter_ns()
         self.use_out_arena(header.out_arena)
+        decode = self.decode_tensor
         try:
             requests = [
-                WorkRequest(r.id, [self.decode_tensor(ref, frames) for ref in r.inputs], r.outputs,
-                            r.parameters, r.batch_sizes)
+                WorkRequest(r.id, [decode(ref, frames) for ref in r.inputs], r.outputs, r.parameters, r.batch_sizes)
                 for r in header.requests
             ]
         except (ValueError, TypeError) as e:  # a client region that cannot be mapped, malformed BYTES, too short
@@ -328,7 +328,7 @@ class Worker:
         on_device = getattr(self.backend, "writes_device_outputs", False)
         try:
             for request, r in zip(requests, header.requests):
-                for dest in r.shm_outputs:
+                for dest in r.shm_outputs:  # mostly none
                     if dest.shm_key:
                         view = self.client_regions.view(dest.shm_key, dest.shm_id, dest.offset + dest.nbytes)
                         request.output_buffers[dest.name] = view[dest.offset:dest.offset + dest.nbytes]
@@ -341,9 +341,10 @@ class Worker:
             return
         uses_senders = getattr(self.backend, "uses_senders", False)
         if uses_senders:
+            flags = self.inbox.cancel_flags_for(header.batch_id, len(requests))
             for index, request in enumerate(requests):
                 request.sender = self.stream_sender(header.batch_id, index)
-                request.cancelled = self.inbox.cancel_flag(header.batch_id, index)
+                request.cancelled = flags[index]
         self.out_arena.reset()
         if getattr(self.backend, "writes_arena_outputs", False):
             for request in requests:
@@ -360,14 +361,15 @@ class Worker:
         out_frames: list = []
         headers = []
         if uses_senders:  # requests that have ended: a late cancellation has nothing to reach
-            for index in range(len(requests)):
+            self.inbox.forget_all(header.batch_id, [
+                index for index in range(len(requests))
                 if batch_error or (index < len(responses) and (not responses[index].deferred
-                                                              or responses[index].rescheduled)):
-                    self.inbox.forget(header.batch_id, index)
+                                                              or responses[index].rescheduled))])
+        encode = self.encode_tensor
         for request, r in zip(header.requests, responses):
-            dests = {d.name: d for d in request.shm_outputs}
+            dests = {d.name: d for d in request.shm_outputs} if request.shm_outputs else None
             try:
-                refs = [self.encode_tensor(t, out_frames, dests.get(t.name)) for t in r.outputs]
+                refs = [encode(t, out_frames, dests.get(t.name) if dests else None) for t in r.outputs]
                 headers.append(transport.ResponseHeader(outputs=refs, error=r.error, error_status=r.error_status,
                                                         parameters=r.parameters, deferred=r.deferred,
                                                         rescheduled=r.rescheduled))

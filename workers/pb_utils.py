@@ -150,6 +150,8 @@ class Tensor:
     """A named tensor: a numpy array in CPU memory, or (from_dlpack of a GPU tensor, or a BLS output
     with a GPU PreferredMemory) a torch tensor in GPU memory, as Triton's python backend holds them."""
 
+    __slots__ = ("_name", "_array", "_device", "_datatype")  # fixed, as Triton's own (C++) Tensor's
+
     def __init__(self, name: str, tensor, datatype: str | None = None):
         array = np.asarray(tensor)
         if array.dtype.kind in ("U", "S"):
@@ -158,6 +160,13 @@ class Tensor:
         self._array = array
         self._device = None  # a torch tensor in GPU memory, for a GPU tensor
         self._datatype = datatype or datatypes.of_numpy(array.dtype)
+
+    @classmethod
+    def _received(cls, name: str, array: np.ndarray, datatype: str) -> Tensor:
+        """An input as the worker decoded it: already an array of its datatype, so nothing is checked."""
+        self = cls.__new__(cls)
+        self._name, self._array, self._device, self._datatype = name, array, None, datatype
+        return self
 
     @classmethod
     def _on_gpu(cls, name: str, device_tensor) -> Tensor:
@@ -252,16 +261,21 @@ class _Capsule:
 
 
 class InferenceResponse:
+    __slots__ = ("_outputs", "_error", "_parameters")
+
     def __init__(self, output_tensors=None, error: TritonError | None = None, parameters=None):
-        self._outputs = list(output_tensors or [])
+        self._outputs = list(output_tensors or ())
         self._error = error
+        if not parameters:
+            self._parameters = {}
+            return
         if isinstance(parameters, str):
-            parameters = json.loads(parameters or "{}")
-        for key, value in (parameters or {}).items():
+            parameters = json.loads(parameters)
+        for key, value in parameters.items():
             if not isinstance(key, str) or not isinstance(value, (bool, int, str)):
                 raise TritonModelException(f"response parameter {key!r}: {value!r} must map a string to a bool, an "
                                            "int or a string")
-        self._parameters = dict(parameters or {})
+        self._parameters = dict(parameters)
 
     def parameters(self) -> str:
         """The response's parameters, as JSON text (they reach the client with the response)."""
@@ -284,6 +298,9 @@ class InferenceResponseSender:
     a rule raises TritonModelException and, where the request is still open, ends it with that error,
     so that no client waits for a response that cannot come. A non-decoupled model's one response
     reaches its client when it is sent."""
+
+    __slots__ = ("_send", "_cancelled", "_decoupled", "_lock", "_closed", "_ended", "_sent", "_used", "_executing",
+                 "_problem")
 
     def __init__(self, send, decoupled: bool = True, cancelled=None):
         self._send = send  # send(response | None, final: bool, error: str = "")
@@ -426,6 +443,9 @@ class ResponseIterator:
 class InferenceRequest:
     """A request handed to execute(); constructed by a model, it is a BLS request."""
 
+    __slots__ = ("_model_name", "_inputs", "_requested", "_id", "_correlation_id", "_flags", "_parameters",
+                 "_model_version", "_timeout", "_sender", "_preferred_memory", "_trace", "_release_flags")
+
     def __init__(self, request_id: str = "", correlation_id=0, inputs=None, requested_output_names=None,
                  model_name: str = "", model_version: int = -1, flags: int = 0, timeout: int = 0,
                  preferred_memory: PreferredMemory | None = None, trace: InferenceTrace | None = None,
@@ -445,6 +465,18 @@ class InferenceRequest:
         self._preferred_memory = preferred_memory or _CPU_MEMORY
         self._trace = trace or _NO_TRACE
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+
+    @classmethod
+    def _received(cls, model_name: str, inputs: list[Tensor], requested: list[str], request_id: str,
+                  parameters: dict, sender: InferenceResponseSender, correlation_id, flags: int) -> InferenceRequest:
+        """A request as execute() receives it, from what the worker decoded (already checked)."""
+        self = cls.__new__(cls)
+        self._model_name, self._inputs, self._requested, self._id = model_name, inputs, requested, request_id
+        self._correlation_id, self._flags, self._parameters = correlation_id, flags, parameters
+        self._model_version, self._timeout, self._sender = -1, 0, sender
+        self._preferred_memory, self._trace = _CPU_MEMORY, _NO_TRACE
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        return self
 
     def trace(self) -> InferenceTrace:
         """The request's trace, to hand to the BLS requests made for it (`trace=request.trace()`)."""

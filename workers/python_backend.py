@@ -31,8 +31,8 @@ def _work_response(result) -> WorkResponse:
         status = err.status_name() if isinstance(err, pb_utils.TritonError) else "INTERNAL"
         message = err.message() if isinstance(err, pb_utils.TritonError) else str(err)
         return WorkResponse(error=message, error_status=status)
-    return WorkResponse(outputs=[WorkTensor(t.name(), t._datatype, t._host()) for t in result.output_tensors()],
-                        parameters=result._parameters)
+    return WorkResponse([WorkTensor(t._name, t._datatype, t._array if t._device is None else t._host())
+                         for t in result._outputs], parameters=result._parameters)
 
 
 class PythonBackend:
@@ -82,20 +82,24 @@ class PythonBackend:
 
     def execute(self, requests: list[WorkRequest]) -> list[WorkResponse]:
         pb_requests, senders = [], []
+        received, sender_of, name, decoupled = pb_utils.Tensor._received, pb_utils.InferenceResponseSender, \
+            self.config["name"], self.decoupled
         for r in requests:
-            tensors = [pb_utils.Tensor(t.name, t.array, t.datatype) for t in r.inputs]
-            sender = pb_utils.InferenceResponseSender(
+            tensors = [received(t.name, t.array, t.datatype) for t in r.inputs]
+            sender = sender_of(
                 lambda response, final, error="", send=r.sender: send(
                     _work_response(response) if response is not None else
-                    WorkResponse(error=error) if error else None, final), self.decoupled, r.cancelled)
+                    WorkResponse(error=error) if error else None, final), decoupled, r.cancelled)
             senders.append(sender)
-            params = r.parameters or {}
-            flags = (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if params.get("sequence_start") else 0) | \
-                (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if params.get("sequence_end") else 0)
-            pb_requests.append(pb_utils.InferenceRequest(
-                model_name=self.config["name"], inputs=tensors, requested_output_names=r.outputs,
-                request_id=r.id, parameters=params, response_sender=sender,
-                correlation_id=params.get("sequence_id", 0), flags=flags))
+            params = r.parameters
+            if params:
+                flags = (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if params.get("sequence_start") else 0) | \
+                    (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if params.get("sequence_end") else 0)
+                correlation_id = params.get("sequence_id", 0)
+            else:
+                params, flags, correlation_id = {}, 0, 0
+            pb_requests.append(pb_utils.InferenceRequest._received(
+                name, tensors, list(r.outputs or ()), r.id, params, sender, correlation_id, flags))
         try:
             try:
                 results = self.model.execute(pb_requests)
