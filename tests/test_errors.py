@@ -152,6 +152,17 @@ def test_model_output_of_the_wrong_datatype_is_an_error(server):
     assert "returned output 'Y' as FP64, but its configuration declares TYPE_FP32" in orjson.loads(raw)["error"]
 
 
+def test_model_output_that_is_not_a_tensor_is_an_error(server):
+    status, _, raw = server.post("/v2/models/fail/infer", orjson.dumps(
+        {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [4]}]}))
+    assert status == 500
+    assert orjson.loads(raw)["error"] == ("an InferenceResponse's output tensors must be pb_utils.Tensor objects, "
+                                          "not ndarray")
+    status, _, raw = server.post("/v2/models/fail/infer", orjson.dumps(
+        {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [5]}]}))
+    assert status == 200, raw
+
+
 OPTIONAL_MODEL = """
 import numpy as np
 import triton_python_backend_utils as pb_utils

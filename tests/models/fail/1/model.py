@@ -1,5 +1,5 @@
 """X = 0 raises from execute(); X = 1 answers with a TritonError (INVALID_ARG), X = 3 with one of code
-UNKNOWN; X = 2 returns the wrong dtype."""
+UNKNOWN; X = 2 returns the wrong dtype; X = 4 returns an array where a pb_utils.Tensor belongs."""
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -17,6 +17,8 @@ class TritonPythonModel:
             elif x[0] == 3:
                 error = pb_utils.TritonError("X = 3 is a mystery", pb_utils.TritonError.UNKNOWN)
                 responses.append(pb_utils.InferenceResponse(error=error))
+            elif x[0] == 4:
+                responses.append(pb_utils.InferenceResponse([x]))
             elif x[0] == 2:
                 responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x.astype(np.float64))]))
             else:
