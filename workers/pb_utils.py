@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+import queue
 import sys
 import threading
 import time
@@ -150,7 +151,8 @@ class Tensor:
     """A named tensor: a numpy array in CPU memory, or (from_dlpack of a GPU tensor, or a BLS output
     with a GPU PreferredMemory) a torch tensor in GPU memory, as Triton's python backend holds them."""
 
-    __slots__ = ("_name", "_array", "_device", "_datatype")  # fixed, as Triton's own (C++) Tensor's
+    # fixed attributes, as on Triton's own (C++) objects, which take weak references too
+    __slots__ = ("_name", "_array", "_device", "_datatype", "__weakref__")
 
     def __init__(self, name: str, tensor, datatype: str | None = None):
         array = np.asarray(tensor)
@@ -261,7 +263,7 @@ class _Capsule:
 
 
 class InferenceResponse:
-    __slots__ = ("_outputs", "_error", "_parameters")
+    __slots__ = ("_outputs", "_error", "_parameters", "__weakref__")
 
     def __init__(self, output_tensors=None, error: TritonError | None = None, parameters=None):
         self._outputs = list(output_tensors or ())
@@ -300,9 +302,11 @@ class InferenceResponseSender:
     reaches its client when it is sent."""
 
     __slots__ = ("_send", "_cancelled", "_decoupled", "_lock", "_closed", "_ended", "_sent", "_used", "_executing",
-                 "_problem")
+                 "_problem", "__weakref__")
 
     def __init__(self, send, decoupled: bool = True, cancelled=None):
+        if not _orphans.started:
+            _orphans.start()
         self._send = send  # send(response | None, final: bool, error: str = "")
         self._cancelled = cancelled  # set when the request's client has gone
         self._decoupled = decoupled
@@ -390,16 +394,40 @@ class InferenceResponseSender:
         return self._cancelled is not None and self._cancelled.is_set()
 
     def __del__(self):
-        """A request whose sender is gone before its last response would leave its client waiting: end it
-        with an error, from a thread of its own (this may run inside another send, holding the lock)."""
-        if self._ended:
-            return
-        try:
-            threading.Thread(target=self._fail, daemon=True, args=(
-                "the model released this request without sending its final response "
-                "(TRITONSERVER_RESPONSE_COMPLETE_FINAL)",)).start()
-        except RuntimeError:  # the interpreter is shutting down
-            pass
+        """A request whose sender is gone before its last response would leave its client waiting: it is
+        ended with an error by the orphans' thread, not here (this may run inside another send, holding
+        the lock, or inside a garbage collection, holding anything)."""
+        if not self._ended:
+            _orphans.queue.put(self)
+
+
+class _Orphans:
+    """The thread that ends the requests whose senders were let go before their final response.
+    Started with the first sender, in plain code: a finalizer only puts a sender on its queue (a
+    SimpleQueue, whose put may be called from a finalizer). Starting a thread from a finalizer, which
+    the garbage collector runs wherever it happens to run, waits for the thread to begin, and that
+    can wait on a lock the interrupted code holds."""
+
+    def __init__(self):
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.started = False
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            if not self.started:
+                threading.Thread(target=self._end_each, name="pb-orphaned-senders", daemon=True).start()
+                self.started = True
+
+    def _end_each(self) -> None:
+        while True:
+            sender = self.queue.get()
+            sender._fail("the model released this request without sending its final response "
+                         "(TRITONSERVER_RESPONSE_COMPLETE_FINAL)")
+            del sender
+
+
+_orphans = _Orphans()
 
 
 class ResponseIterator:
@@ -444,7 +472,8 @@ class InferenceRequest:
     """A request handed to execute(); constructed by a model, it is a BLS request."""
 
     __slots__ = ("_model_name", "_inputs", "_requested", "_id", "_correlation_id", "_flags", "_parameters",
-                 "_model_version", "_timeout", "_sender", "_preferred_memory", "_trace", "_release_flags")
+                 "_model_version", "_timeout", "_sender", "_preferred_memory", "_trace", "_release_flags",
+                 "__weakref__")
 
     def __init__(self, request_id: str = "", correlation_id=0, inputs=None, requested_output_names=None,
                  model_name: str = "", model_version: int = -1, flags: int = 0, timeout: int = 0,
