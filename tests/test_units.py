@@ -449,8 +449,6 @@ def test_response_sender_rules_raise_in_the_model_and_end_the_request_once():
 def test_a_sender_the_collector_frees_ends_its_request_from_the_orphans_thread():
     """A sender let go before its final response, inside a reference cycle (a traceback kept, say), is
     finalized wherever the collector runs: the finalizer only queues it, and another thread ends it."""
-    import gc
-
     from tritonmp.workers import pb_utils
 
     ended = []
@@ -472,8 +470,6 @@ def test_python_model_objects_keep_triton_attributes_and_take_weak_references():
     """Triton's Tensor, InferenceRequest, InferenceResponse and response sender are C++ objects: a
     model cannot add attributes to them, and can refer to them weakly. A request as execute() gets it
     answers as a constructed one does."""
-    import weakref
-
     from tritonmp.workers import pb_utils
 
     x = np.arange(3, dtype=np.float32)

@@ -199,10 +199,9 @@ class Inbox:
 
     def forget(self, batch_id: int, index: int) -> None:
         """The request has ended: a late cancellation has nothing to reach."""
-        with self.lock:
-            self.cancel_flags.pop((batch_id, index), None)
+        self.forget_all(batch_id, (index,))
 
-    def forget_all(self, batch_id: int, indexes: list[int]) -> None:
+    def forget_all(self, batch_id: int, indexes) -> None:
         """forget() for several requests of a batch."""
         if indexes:
             with self.lock:

@@ -328,7 +328,7 @@ class Worker:
         on_device = getattr(self.backend, "writes_device_outputs", False)
         try:
             for request, r in zip(requests, header.requests):
-                for dest in r.shm_outputs:  # mostly none
+                for dest in r.shm_outputs:
                     if dest.shm_key:
                         view = self.client_regions.view(dest.shm_key, dest.shm_id, dest.offset + dest.nbytes)
                         request.output_buffers[dest.name] = view[dest.offset:dest.offset + dest.nbytes]

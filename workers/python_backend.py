@@ -31,16 +31,12 @@ def _work_response(result) -> WorkResponse:
         status = err.status_name() if isinstance(err, pb_utils.TritonError) else "INTERNAL"
         message = err.message() if isinstance(err, pb_utils.TritonError) else str(err)
         return WorkResponse(error=message, error_status=status)
-    try:
-        outputs = [WorkTensor(t._name, t._datatype, t._array if t._device is None else t._host())
-                   for t in result._outputs]
-    except AttributeError:
-        stranger = next((t for t in result._outputs if not isinstance(t, pb_utils.Tensor)), None)
-        if stranger is None:
-            raise
-        return WorkResponse(error=f"an InferenceResponse's output tensors must be pb_utils.Tensor objects, "
-                                  f"not {type(stranger).__name__}")
-    return WorkResponse(outputs, parameters=result._parameters)
+    for t in result._outputs:
+        if not isinstance(t, pb_utils.Tensor):
+            return WorkResponse(error=f"an InferenceResponse's output tensors must be pb_utils.Tensor objects, "
+                                      f"not {type(t).__name__}")
+    return WorkResponse([WorkTensor(t._name, t._datatype, t._array if t._device is None else t._host())
+                         for t in result._outputs], parameters=result._parameters)
 
 
 class PythonBackend:
