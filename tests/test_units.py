@@ -14,7 +14,8 @@ import pytest
 
 from tritonmp import datatypes
 from tritonmp.core import InferRequest, InferResponse, RequestedOutput, Tensor
-from tritonmp.frontends import grpc_codec, http2
+from tritonmp.errors import ServerError
+from tritonmp.frontends import grpc_codec, http2, http_codec
 from tritonmp.ipc import transport
 from tritonmp.ipc.arena import Arena, segment_name
 from tritonmp.scheduling import batching
@@ -230,20 +231,52 @@ def test_the_fast_infer_route_agrees_with_the_asgi_route():
     assert len(http_protocol._ROUTES) <= http_protocol._ROUTES_KEPT
 
 
+def test_json_tensor_data_packs_as_numpy_would_for_every_datatype_and_value():
+    """Flat JSON number lists of the common datatypes are packed without numpy; whatever numpy makes
+    of a list (bytes, or a refusal) must stay the answer."""
+    values = [0, 1, -1, 127, 128, 255, 256, -129, 2**15, 2**16, 2**31 - 1, 2**31, -2**31 - 1, 2**32, 2**63 - 1,
+              2**63, 2**64 - 1, 2**64, -2**63, -2**63 - 1, True, False, 0.5, -0.5, 1.0, 1e300, -1e300,
+              float("inf"), 3.4e38, 1e-46, 10**39, 1.5e10, "1", None, [1]]
+    assert {"FP32", "INT32", "INT64", "UINT8"} <= set(http_codec._ARRAY_CODES)  # the fast path is taken here
+    for datatype in ["BOOL", "FP16", *http_codec._ARRAY_CODES]:
+        for data in [[v] for v in values] + [[v, w] for v in values[::3] for w in values[1::4]] + [[], [[1, 2]]]:
+            for shape in ([len(data)], [len(data) + 1]):
+                try:
+                    with np.errstate(all="ignore"):
+                        expected = np.asarray(data, dtype=datatypes.NUMPY_OF[datatype])
+                    expected = expected.tobytes() if expected.size == shape[0] else None
+                except (ValueError, TypeError, OverflowError):
+                    expected = None
+                try:
+                    with np.errstate(all="ignore"):
+                        got = http_codec._json_data("x", datatype, shape, data)
+                except ServerError as e:
+                    assert "Unable to parse 'data' of input 'x'" in e.message
+                    got = None
+                assert got == expected, (datatype, data, shape)
+
+
 def test_a_duration_counts_in_the_first_bucket_whose_bound_it_does_not_exceed():
-    from tritonmp.observability.stats import LATENCY_BUCKETS_US, _count
+    from tritonmp.observability.stats import LATENCY_BUCKETS_US, ModelStats
 
-    def bucket(us: float) -> int:
-        buckets = [0] * (len(LATENCY_BUCKETS_US) + 1)
-        _count(buckets, us)
-        assert sum(buckets) == 1
-        return buckets.index(1)
+    def buckets(us: float) -> tuple[int, int, int]:
+        """The bucket a request's duration lands in, as a success and as a failure, and its queue
+        time's bucket."""
+        stats = ModelStats("m", 1)
+        stats.finished(True, 1, int(us * 1000))
+        stats.finished(False, 1, int(us * 1000))
+        stats.queued(int(us * 1000))
+        assert sum(stats.latency_buckets) == 2 and sum(stats.queue_buckets) == 1
+        latency = [i for i, n in enumerate(stats.latency_buckets) if n]
+        assert len(latency) == 1 and stats.latency_buckets[latency[0]] == 2
+        return latency[0], stats.queue_buckets.index(1)
 
-    assert bucket(0) == 0
-    assert bucket(100) == 0  # on the bound: that bucket (Prometheus' le)
-    assert bucket(100.5) == 1
-    assert bucket(LATENCY_BUCKETS_US[-1]) == len(LATENCY_BUCKETS_US) - 1
-    assert bucket(LATENCY_BUCKETS_US[-1] + 1) == len(LATENCY_BUCKETS_US)  # +Inf
+    last = len(LATENCY_BUCKETS_US)
+    assert buckets(0) == (0, 0)
+    assert buckets(100) == (0, 0)  # on the bound: that bucket (Prometheus' le)
+    assert buckets(100.5) == (1, 1)
+    assert buckets(LATENCY_BUCKETS_US[-1]) == (last - 1, last - 1)
+    assert buckets(LATENCY_BUCKETS_US[-1] + 1) == (last, last)  # +Inf
 
 
 @pytest.fixture

@@ -183,12 +183,12 @@ class Dataplane:
         nothing between the frontend and the scheduler needs to wait (no trace, no response cache,
         no classification), the scheduler's own future, with no task made for the request. A
         request refused before it is queued raises ServerError here."""
-        start_ns = time.monotonic_ns()
+        start_ns = time.monotonic_ns() if self.tracer.on else 0
         mv = self.models.get(request.model_name, request.model_version)
         if mv.pool.decoupled:
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy; model "
                               f"'{mv.name}' may send any number of responses: use the gRPC ModelStreamInfer stream")
-        trace = self.tracer.sample(mv.name, mv.version)
+        trace = self.tracer.sample(mv.name, mv.version) if start_ns else None
         if trace is None and (self.cache is None or not mv.config.response_cache.enable):
             self._prepare(mv, request)
             if not request.outputs or not any(o.parameters and class_count(o.parameters, o.name)

@@ -3,6 +3,8 @@ responses to HTTP bodies."""
 
 from __future__ import annotations
 
+import array
+import math
 import zlib
 
 import numpy as np
@@ -13,6 +15,16 @@ from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..errors import invalid
 
 LARGE_OUTPUT = 64 * 1024  # a binary output this large is written from its own buffer, never joined
+_INT_ONLY = frozenset((int,))  # the one type of a shape's dimensions (JSON numbers: int, never bool)
+
+# Datatypes whose flat JSON list of numbers the standard library's array packs in Triton's layout (this
+# host's byte order and item size, both little-endian, checked at import), in half numpy's time for
+# the small tensors JSON carries. Anything it does not take as it is (nested lists, strings, a float
+# for an integer type, an integer out of range) is left to numpy, which accepts or words it as before.
+_ARRAY_CODES = {name: code for name, code in (("FP32", "f"), ("FP64", "d"), ("INT8", "b"), ("INT16", "h"),
+                                              ("INT32", "i"), ("INT64", "q"), ("UINT8", "B"), ("UINT16", "H"),
+                                              ("UINT32", "I"), ("UINT64", "Q"))
+                if array.array(code).itemsize == datatypes.ITEMSIZE[name] and np.little_endian}
 
 def decode_raw(body: bytes, model: str, version: str, inputs: dict, max_batch_size: int) -> InferRequest:
     """Triton's raw binary request (Inference-Header-Content-Length: 0): the whole body is the one
@@ -61,7 +73,18 @@ def compress(body: bytes, accept_encoding: str) -> tuple[bytes, str]:
 
 def _json_data(name: str, datatype: str, shape: list[int], data) -> bytes:
     """JSON tensor data (flat or nested lists) as raw bytes in the wire layout."""
-    count = datatypes.element_count(shape)
+    count = math.prod(shape)
+    code = _ARRAY_CODES.get(datatype)
+    if code is not None and type(data) is list:
+        try:
+            packed = array.array(code, data)
+        except (TypeError, ValueError, OverflowError):
+            pass  # numpy's to take or refuse
+        else:
+            if len(packed) != count:
+                raise invalid(f"Unable to parse 'data' of input '{name}': Shape does not match true shape of "
+                              "'data' field")
+            return packed.tobytes()
     try:
         if datatype == "BYTES":
             flat = np.asarray(data, dtype=np.object_).reshape(-1)
@@ -72,21 +95,15 @@ def _json_data(name: str, datatype: str, shape: list[int], data) -> bytes:
                     raise ValueError("expected a string for a BYTES element")
             return datatypes.serialize_bytes(flat)
         if datatype == "BF16":
-            array = np.asarray(data, dtype=np.float32).astype(datatypes.NUMPY_OF["BF16"])
+            values = np.asarray(data, dtype=np.float32).astype(datatypes.NUMPY_OF["BF16"])
         else:
-            array = np.asarray(data, dtype=datatypes.NUMPY_OF[datatype])
+            values = np.asarray(data, dtype=datatypes.NUMPY_OF[datatype])
     except (ValueError, TypeError, OverflowError) as e:
         raise invalid(f"Unable to parse 'data' of input '{name}': {e}") from None
-    if array.size != count:
+    if values.size != count:
         raise invalid(f"Unable to parse 'data' of input '{name}': Shape does not match true shape of "
                       "'data' field")
-    return array.tobytes()  # C order, as the array was made from the lists
-
-
-def _shape(name: str, value) -> list[int]:
-    if type(value) is not list or not all(type(d) is int for d in value):  # JSON numbers: int, never bool
-        raise invalid(f"Unable to parse 'shape' of input '{name}': expected a list of integers")
-    return value
+    return values.tobytes()  # C order, as the array was made from the lists
 
 
 def json_object(buffer) -> dict:
@@ -120,7 +137,9 @@ def decode_infer(body: bytes, header_length: int | None, model: str, version: st
         datatype = item.get("datatype")
         if datatype not in datatypes.ITEMSIZE:
             raise invalid(f"invalid datatype for input {name}")
-        shape = _shape(name, item.get("shape"))
+        shape = item.get("shape")
+        if type(shape) is not list or not _INT_ONLY.issuperset(map(type, shape)):
+            raise invalid(f"Unable to parse 'shape' of input '{name}': expected a list of integers")
         params = item.get("parameters") or {}
         if not isinstance(params, dict):
             raise invalid(f"Unable to parse 'parameters' of input '{name}'")

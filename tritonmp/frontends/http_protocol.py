@@ -32,12 +32,14 @@ import resource
 import weakref
 from dataclasses import dataclass
 
+import httptools
 import orjson
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..errors import ServerError, unavailable
 from ..ipc.buffers import RECEIVE_POOL
+from . import http_codec
 
 log = logging.getLogger("tritonmp.http")
 
@@ -214,8 +216,11 @@ class FastInfer:
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.body = []
         try:
-            self.request, self.binary_default = app.decode_infer(body, self.header_length, self.model,
-                                                                 self.version)
+            if self.header_length == 0:  # raw binary: the app knows the model's one input
+                self.request, self.binary_default = app.decode_infer(body, 0, self.model, self.version)
+            else:
+                self.request, self.binary_default = http_codec.decode_infer(body, self.header_length, self.model,
+                                                                            self.version)
             future = app.dp.submit(self.request, "HTTP end point")
         except Exception as e:  # noqa: BLE001 - answered as the ASGI path answers it
             self._failed(e)
@@ -356,9 +361,24 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.cycle.message_event.set()
         self.transport.close()
 
-    def _unset_keepalive_if_required(self) -> None:  # data arrived, or the connection ended
+    def _unset_keepalive_if_required(self) -> None:  # the connection ended
         if self._what is _IDLE:
             self._deadline = None
+
+    def data_received(self, data: bytes) -> None:
+        """uvicorn's, with the keep-alive deadline's end written out (it runs for every read)."""
+        if self._what is _IDLE:
+            self._deadline = None
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.logger.warning("Invalid HTTP request received.")
+            self.send_400_response("Invalid HTTP request received.")
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
 
     def on_response_complete(self) -> None:
         """uvicorn's, with the keep-alive timeout kept on the connection's timer."""
@@ -370,7 +390,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._start_asgi_task(cycle, app)
             self.flow.resume_reading()  # once the requests read ahead are all started
         else:
-            self.flow.resume_reading()
+            if self.flow.read_paused:
+                self.flow.resume_reading()
             self._arm(self.timeout_keep_alive, _IDLE)
 
     # ---- parser callbacks ----
@@ -385,7 +406,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._arm(self.limits.header_timeout, "its request headers")
 
     def on_headers_complete(self) -> None:
-        self._disarm()
+        self._deadline = None  # _disarm(), as every call below is made for every request
         fast = self._fast_infer() if self.fast_app is not None else None
         if fast is not None:
             self.cycle = fast
@@ -442,7 +463,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._arm(self.limits.body_timeout, "its request body")
 
     def on_message_complete(self) -> None:
-        self._disarm()
+        self._deadline = None  # _disarm()
         self._body = None
         cycle = self.cycle
         if type(cycle) is FastInfer and not cycle.response_complete:

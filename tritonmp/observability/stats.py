@@ -6,15 +6,10 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 
-# upper bounds (microseconds) of the request duration histogram's buckets
+# upper bounds (microseconds) of the request and queue duration histograms' buckets: a duration counts in
+# the first whose bound it does not exceed (bisect_left), else in +Inf, the last
 LATENCY_BUCKETS_US = (100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000,
                       2500000, 5000000)
-
-
-def _count(buckets: list[int], us: float) -> None:
-    """Count a duration in its histogram bucket: the first of LATENCY_BUCKETS_US's bounds it does not
-    exceed, else +Inf (the last)."""
-    buckets[bisect_left(LATENCY_BUCKETS_US, us)] += 1
 
 
 class ModelStats:
@@ -41,8 +36,9 @@ class ModelStats:
         self.ns[kind] += ns * count
 
     def queued(self, wait_ns: int) -> None:
-        self._add("queue", wait_ns)
-        _count(self.queue_buckets, wait_ns / 1000)
+        self.counts["queue"] += 1  # _add and the bucket written out: this runs for every request
+        self.ns["queue"] += wait_ns
+        self.queue_buckets[bisect_left(LATENCY_BUCKETS_US, wait_ns / 1000)] += 1
 
     def executed(self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One execution of `requests` requests totalling `batch_size` rows."""
@@ -69,13 +65,14 @@ class ModelStats:
     def finished(self, ok: bool, batch_size: int, duration_ns: int, reason: str = "BACKEND") -> None:
         """A request that reached the queue is done; `reason` says why it failed (Triton's labels:
         REJECTED, CANCELED, BACKEND, OTHER)."""
-        if ok:
-            self._add("success", duration_ns)
+        if ok:  # _add and the bucket written out: this runs for every request
+            self.counts["success"] += 1
+            self.ns["success"] += duration_ns
             self.inference_count += batch_size
         else:
             self._add("fail", duration_ns)
             self.failures[reason] = self.failures.get(reason, 0) + 1
-        _count(self.latency_buckets, duration_ns / 1000)
+        self.latency_buckets[bisect_left(LATENCY_BUCKETS_US, duration_ns / 1000)] += 1
 
     def to_json(self) -> dict:
         def d(count, ns):

@@ -105,7 +105,7 @@ class Tracer:
         self._pending: dict[str, list[dict]] = {}  # trace file -> entries not yet written
         self._files_written: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._enabled = self._any_enabled()
+        self.on = self._any_enabled()  # whether any request may be traced: sample() is None while not
 
     def _any_enabled(self) -> bool:
         """Whether any scope (global, or a model's) traces at all: when none does, sample() is a no-op."""
@@ -139,12 +139,12 @@ class Tracer:
                 self.global_settings[key] = self.startup[key] if value is None else value
         self._seen.clear()
         self._left.clear()
-        self._enabled = self._any_enabled()
+        self.on = self._any_enabled()
         return self.settings(model)
 
     def sample(self, model: str, version: int) -> Trace | None:
         """A trace for this request when tracing is on for its model and the rate picks it."""
-        if not self._enabled:
+        if not self.on:
             return None
         s = self.settings(model)
         levels = tuple(level for level in s["trace_level"] if level != "OFF")

@@ -513,6 +513,10 @@ class ModelManager:
                 raise unavailable(f"Request for unknown model: '{name}' version {version} is not at ready "
                                   "state")
             return mv
+        if len(entry.versions) == 1:  # the common case, without sorting
+            (mv,) = entry.versions.values()
+            if mv.state == "READY":
+                return mv
         for v in sorted(entry.versions, reverse=True):
             if entry.versions[v].state == "READY":
                 return entry.versions[v]

@@ -155,10 +155,15 @@ def decode_one(header: transport.ResponseHeader | transport.StreamResponse, requ
         tensors = []
         wanted = None if request.outputs is None else {o.name for o in request.outputs}
         for ref in header.outputs:
-            if ref.name not in output_types or (wanted is not None and ref.name not in wanted):
+            want = output_types.get(ref.name)
+            if want is None or (wanted is not None and ref.name not in wanted):
                 continue
-            _check_output(ref, output_types, model)
-            tensors.append(Tensor(ref.name, ref.datatype, ref.shape, _buffer(ref, frames, read)))
+            if want != ref.datatype:
+                _check_output(ref, output_types, model)
+            # a frame's bytes as they came (the common case), else _buffer's answer
+            data = frames[ref.frame] if ref.frame >= 0 and not ref.shm_key and not ref.cuda_handle else \
+                _buffer(ref, frames, read)
+            tensors.append(Tensor(ref.name, ref.datatype, ref.shape, data))
         response = InferResponse(model, version, request.id, tensors)
         if header.parameters:
             response.parameters = dict(header.parameters)

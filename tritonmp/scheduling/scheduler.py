@@ -136,6 +136,7 @@ class Scheduler:
         self.policy = policy
         self.clock = clock
         self.priorities = priorities or Priorities()
+        self._plain_policy = self.priorities.policy(0)  # a request's with no parameters on one level
         self.preserve_ordering = preserve_ordering
         self.queue: deque[InferRequest] = deque()
         self._per_level: dict[int, int] = {}
@@ -173,9 +174,12 @@ class Scheduler:
 
     def submit(self, request: InferRequest) -> asyncio.Future:
         """Queue a request; raises UNAVAILABLE at once when its priority level's queue is full."""
-        loop = self._running_loop()
-        level = self._level(request)
-        policy = self.priorities.policy(level)
+        loop = self._loop or self._running_loop()
+        if request.parameters or self.priorities.levels:
+            level = self._level(request)
+            policy = self.priorities.policy(level)
+        else:
+            level, policy = 0, self._plain_policy
         now = self.clock()
         request.arrival_ns = now
         if policy.max_queue_size and self._per_level.get(level, 0) >= policy.max_queue_size:
@@ -267,10 +271,12 @@ class Scheduler:
 
     def pump(self) -> None:
         """Expire timed-out requests, then hand batches to idle instances while there are both."""
-        self._drain.wake()
-        next_deadline = self._expire(self.clock())
-        if next_deadline is not None:
-            self._arm(next_deadline)
+        if self._drain.waiters:
+            self._drain.wake()
+        if self._timed:
+            next_deadline = self._expire(self.clock())
+            if next_deadline is not None:
+                self._arm(next_deadline)
         idle = self.pool.idle
         while idle and self.queue:
             # drop requests whose client has gone away (cancelled futures)
