@@ -236,8 +236,12 @@ class FastInfer:
             self._failed(error)
             return
         try:
-            headers, out = self.protocol.fast_app.encode_infer(future.result(), self.request, self.binary_default,
-                                                               self.accept_encoding)
+            if self.accept_encoding:
+                headers, out = self.protocol.fast_app.encode_infer(future.result(), self.request,
+                                                                   self.binary_default, self.accept_encoding)
+            else:  # the app's encode_infer without compression, written out
+                out, json_length = http_codec.encode_infer(future.result(), self.request, self.binary_default)
+                headers = JSON_HEADERS if json_length is None else binary_headers(json_length)
         except Exception as e:  # noqa: BLE001
             self._failed(e)
             return
@@ -253,6 +257,11 @@ class FastInfer:
 
 
 JSON_HEADERS = [(b"content-type", b"application/json")]  # a JSON response's own headers
+
+
+def binary_headers(json_length: int) -> list:
+    """The own headers of a response whose JSON header of `json_length` bytes binary tensors follow."""
+    return [(b"content-type", b"application/octet-stream"), (b"inference-header-content-length", b"%d" % json_length)]
 _JSON_HEADS: dict = {}  # status -> (the default headers it was made with, head): see _head
 _IDLE = "nothing (idle keep-alive)"  # the deadline between a connection's requests
 _INFER_PREFIX = b"/v2/models/"

@@ -20,7 +20,7 @@ from .. import __version__
 from ..dataplane import EXTENSIONS, Dataplane
 from ..errors import ServerError, invalid, too_large, unsupported
 from . import generate, http_codec, json_offload
-from .http_protocol import BODY_KEY, JSON_HEADERS, ReceivedBody
+from .http_protocol import BODY_KEY, JSON_HEADERS, ReceivedBody, binary_headers
 from .inflate import TooLarge, inflate
 from .restricted import HTTP_GROUP, Restrictions, http_message
 
@@ -390,11 +390,8 @@ class HttpApp:
         """The headers (less Content-Length) and the body, bytes or a list of parts, of an infer
         response."""
         out, json_length = http_codec.encode_infer(response, request, binary_default)
-        if json_length is None:
-            headers = JSON_HEADERS  # the very list: the protocol keeps its heads by it
-        else:
-            headers = [(b"content-type", b"application/octet-stream"),
-                       (b"inference-header-content-length", str(json_length).encode())]
+        # the very JSON_HEADERS list for a JSON body: the protocol keeps its heads by it
+        headers = JSON_HEADERS if json_length is None else binary_headers(json_length)
         if accept_encoding:
             out, used = http_codec.compress(out if isinstance(out, bytes) else b"".join(out), accept_encoding)
             if used:

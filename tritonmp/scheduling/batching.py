@@ -83,14 +83,22 @@ def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena,
         for r in batch:
             refs = []
             for t in r.inputs:
-                if isinstance(t.data, ShmRef):
-                    refs.append(_shm_ref(t.name, t.datatype, list(t.shape), t.data))
+                data = t.data
+                if type(data) is bytes and len(data) < transport.INLINE_LIMIT:  # small, decoded from JSON
+                    refs.append(transport.TensorRef(t.name, t.datatype, t.shape, len(frames), 0, len(data)))
+                    frames.append(data)
+                    continue
+                if isinstance(data, ShmRef):
+                    refs.append(_shm_ref(t.name, t.datatype, list(t.shape), data))
                     continue
                 ref = transport.TensorRef(t.name, t.datatype, list(t.shape))
-                _place([t.data], buffers.nbytes(t.data), arena, frames, ref)
+                _place([data], buffers.nbytes(data), arena, frames, ref)
                 refs.append(ref)
-            headers.append(transport.RequestHeader(r.id, refs, _requested(r), r.parameters,
-                                                   shm_outputs=_shm_outputs(r)))
+            if r.outputs is None:
+                headers.append(transport.RequestHeader(r.id, refs, [], r.parameters))
+            else:
+                headers.append(transport.RequestHeader(r.id, refs, _requested(r), r.parameters,
+                                                       shm_outputs=_shm_outputs(r)))
     return transport.encode(transport.Execute(batch_id, headers, out_arena)), frames
 
 
