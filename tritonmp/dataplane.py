@@ -191,10 +191,10 @@ class Dataplane:
         trace = self.tracer.sample(mv.name, mv.version) if start_ns else None
         if trace is None and (self.cache is None or not mv.config.response_cache.enable):
             self._prepare(mv, request)
-            if not request.outputs or not any(o.parameters and class_count(o.parameters, o.name)
-                                              for o in request.outputs):
-                return mv.scheduler.submit(request)
-            return asyncio.ensure_future(self._infer(mv, request, prepared=True))
+            for o in request.outputs or ():
+                if o.parameters and "classification" in o.parameters:  # _infer classifies (or refuses)
+                    return asyncio.ensure_future(self._infer(mv, request, prepared=True))
+            return mv.scheduler.submit(request)
         return asyncio.ensure_future(self._traced(mv, request, trace, start_ns))
 
     async def _traced(self, mv, request: InferRequest, trace, start_ns: int) -> InferResponse:
@@ -234,13 +234,14 @@ class Dataplane:
         """Resolve client shared memory, check the request against the model, and log it."""
         uses_shm = False
         for t in request.inputs:
-            ref = self.shm.resolve_parameters(t.parameters) if t.parameters else None
+            params = t.parameters
+            ref = self.shm.resolve_parameters(params) if params and "shared_memory_region" in params else None
             if ref is not None:
                 t.data, uses_shm = ref, True
             elif isinstance(t.data, ShmRef):  # an in-process caller's shared array
                 uses_shm = True
         for o in request.outputs or ():
-            if o.parameters:
+            if o.parameters and "shared_memory_region" in o.parameters:
                 o.shm = self.shm.resolve_parameters(o.parameters)
                 uses_shm = uses_shm or o.shm is not None
         check_request(request, mv.name, mv.max_batch_size, mv.inputs, mv.outputs)

@@ -221,6 +221,6 @@ def encode_infer(response: InferResponse, request: InferRequest,
     head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return head, None
-    if any(len(b) >= LARGE_OUTPUT for b in blobs):
+    if max(map(len, blobs)) >= LARGE_OUTPUT:  # each a bytes object or a memoryview of bytes
         return [head, *blobs], len(head)
     return b"".join([head, *blobs]), len(head)

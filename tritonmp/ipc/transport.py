@@ -210,7 +210,7 @@ def _size(buf) -> int:
 
 def pack(kind: bytes, header: bytes, frames=()) -> list:
     """The buffers of one message, in order, for a gather-write."""
-    sizes = [_size(f) for f in frames]
+    sizes = [f.nbytes if type(f) is memoryview else len(f) for f in frames]  # _size(), written out
     lead = _HEAD.pack(kind[0], len(header), len(sizes)) + struct.pack(f"<{len(sizes)}Q", *sizes)
     total = len(lead) + len(header) + sum(sizes)
     return [LENGTH.pack(total) + lead, header, *frames]

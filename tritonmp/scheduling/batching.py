@@ -84,8 +84,10 @@ def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena,
             refs = []
             for t in r.inputs:
                 data = t.data
-                if type(data) is bytes and len(data) < transport.INLINE_LIMIT:  # small, decoded from JSON
-                    refs.append(transport.TensorRef(t.name, t.datatype, t.shape, len(frames), 0, len(data)))
+                kind = type(data)  # small bytes decoded from JSON, or a small view of a binary body: a frame
+                nbytes = len(data) if kind is bytes else data.nbytes if kind is memoryview else -1
+                if 0 <= nbytes < transport.INLINE_LIMIT:
+                    refs.append(transport.TensorRef(t.name, t.datatype, t.shape, len(frames), 0, nbytes))
                     frames.append(data)
                     continue
                 if isinstance(data, ShmRef):
