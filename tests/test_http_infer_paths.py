@@ -187,12 +187,16 @@ def test_a_client_that_sends_without_reading_is_held_to_a_bounded_buffer(server)
 
 
 def test_fast_path_response_heads_follow_the_date(server):
-    """The fast path keeps a JSON response's head for reuse: its Date header still moves on."""
+    """The fast path keeps a JSON response's head for reuse: its Date header still moves on. No
+    response names the server's software (Triton's name none either)."""
     def answer():
         status, headers, body = server.post("/v2/models/add_py/infer", orjson.dumps(ADD))
         assert status == 200 and headers["content-type"] == "application/json", body
         assert int(headers["content-length"]) == len(body)
+        assert "server" not in headers
         return headers["date"]
+
+    assert "server" not in server.get("/v2/health/ready")[1]
 
     first = answer()
     server.wait_until(lambda: answer() != first, 10, "a later answer's Date header to move on")

@@ -131,7 +131,7 @@ class _Service:
     def _serve_asgi(self, app, limits: Limits, graceful_timeout: float | None = None, max_body: int = 0,
                     fast_app=None) -> tuple[uvicorn.Server, asyncio.Task]:
         config = uvicorn.Config(app, loop="none", http=protocol_class(limits, max_body, fast_app), lifespan="off",
-                                access_log=False,
+                                access_log=False, server_header=False,  # Triton sends no Server header either
                                 log_level="warning", timeout_keep_alive=limits.keepalive_timeout,
                                 timeout_graceful_shutdown=graceful_timeout)
         server = _Uvicorn(config)
