@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 from . import datatypes
 from .core import InferRequest
@@ -16,6 +17,12 @@ class TensorConfig:
     datatype: str
     dims: tuple[int, ...]
     optional: bool = False
+    # elements of one row (all of dims) when every dimension is fixed, else -1: a request whose shape
+    # is the same tuple then needs no dimension-by-dimension look
+    fixed_elements: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "fixed_elements", math.prod(self.dims) if all(d >= 0 for d in self.dims) else -1)
 
 
 def _fmt(shape) -> str:
@@ -67,18 +74,21 @@ def check_request(request: InferRequest, model: str, max_batch_size: int, inputs
         else:
             rest = tuple(shape)
         dims = cfg.dims
-        if len(rest) != len(dims):
-            return _check_in_order(request, model, max_batch_size, inputs, outputs)
-        for e, d in zip(dims, rest):
-            if d < 0 or d > MAX_DIM or (e != -1 and e != d):
+        if rest == dims and cfg.fixed_elements >= 0:
+            count *= cfg.fixed_elements
+        else:
+            if len(rest) != len(dims):
                 return _check_in_order(request, model, max_batch_size, inputs, outputs)
-            count *= d
+            for e, d in zip(dims, rest):
+                if d < 0 or d > MAX_DIM or (e != -1 and e != d):
+                    return _check_in_order(request, model, max_batch_size, inputs, outputs)
+                count *= d
         data = t.data
         nbytes = data.nbytes if isinstance(data, (memoryview, ShmRef)) else len(data)
         if nbytes != count * datatypes.ITEMSIZE[t.datatype]:
             return _check_in_order(request, model, max_batch_size, inputs, outputs)
         key.append((name, rest))
-    if len({k[0] for k in key}) != len(key):  # a name twice (so another missing)
+    if not in_order and len({k[0] for k in key}) != len(key):  # a name twice (so another missing)
         return _check_in_order(request, model, max_batch_size, inputs, outputs)
     if request.outputs is not None:
         _check_outputs(request, model, outputs)
