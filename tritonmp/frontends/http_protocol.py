@@ -270,6 +270,7 @@ _MODEL_AT = len(_INFER_PREFIX)
 _INFER_LENGTH = len(_INFER_SUFFIX)
 
 
+_NOT_FAST_HEADERS = frozenset((b"transfer-encoding", b"content-encoding", b"upgrade"))  # ASGI's to serve
 _ROUTES: dict = {}  # request target -> what _infer_route makes of it
 _ROUTES_KEPT = 4096
 
@@ -444,19 +445,23 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return None
         app = self.fast_app
         length = -1
-        for key, value in self.headers:
+        header_length = None
+        accept_encoding = ""
+        for key, value in self.headers:  # what app.infer_headers reads too, in the same pass
             if key == b"content-length":
                 if not value.isdigit():
                     return None
                 length = int(value)
-            elif key in (b"transfer-encoding", b"content-encoding", b"upgrade"):
+            elif key == b"inference-header-content-length":
+                if not value.isdigit():
+                    return None  # the ASGI path reads it, or words why not
+                header_length = int(value)
+            elif key == b"accept-encoding":
+                accept_encoding = value.decode("latin-1")
+            elif key in _NOT_FAST_HEADERS:
                 return None
         if not 0 <= length < LARGE_BODY or length > app.max_input_size:
             return None
-        try:
-            header_length, _, accept_encoding = app.infer_headers(self.headers)
-        except ServerError:
-            return None  # the ASGI path answers it
         keep_alive = self.parser.should_keep_alive() and self.parser.get_http_version() != "1.0"
         return FastInfer(self, route[0], route[1], header_length, accept_encoding, keep_alive)
 
