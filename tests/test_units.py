@@ -15,7 +15,7 @@ import pytest
 from tritonmp import datatypes
 from tritonmp.core import InferRequest, InferResponse, RequestedOutput, Tensor
 from tritonmp.errors import ServerError
-from tritonmp.frontends import grpc_codec, http2, http_codec
+from tritonmp.frontends import grpc_codec, http2, http_codec, http_protocol
 from tritonmp.ipc import transport
 from tritonmp.ipc.arena import Arena, segment_name
 from tritonmp.scheduling import batching
@@ -211,7 +211,6 @@ def test_http_responses_of_one_turn_go_out_together_at_its_end():
 
 
 def test_the_fast_infer_route_agrees_with_the_asgi_route():
-    from tritonmp.frontends import http_protocol
     from tritonmp.frontends.http_server import INFER
 
     targets = [b"/v2/models/add/infer", b"/v2/models/add/versions/3/infer", b"/v2/models//infer",
@@ -226,9 +225,21 @@ def test_the_fast_infer_route_agrees_with_the_asgi_route():
     # targets that need decoding are left to the ASGI path, which decodes them
     for target in [b"/v2/models/a%20b/infer", b"/v2/models/add/infer?x=1", "/v2/models/ä/infer".encode()]:
         assert http_protocol._infer_route(target) is None
-    for n in range(http_protocol._ROUTES_KEPT + 10):  # however many targets come, a bounded number is kept
+    for n in range(http_protocol._KEPT + 10):  # however many targets come, a bounded number is kept
         http_protocol._infer_route(b"/v2/models/m%d/infer" % n)
-    assert len(http_protocol._ROUTES) <= http_protocol._ROUTES_KEPT
+    assert len(http_protocol._ROUTES) <= http_protocol._KEPT
+
+
+def test_binary_response_headers_are_shared_per_length_and_bounded():
+    """A binary response's own headers are one kept list per JSON header length, so the protocol
+    reuses its head; however many lengths come, a bounded number of lists is kept."""
+    first = http_protocol.binary_headers(137)
+    assert first is http_protocol.binary_headers(137)
+    assert first == [(b"content-type", b"application/octet-stream"), (b"inference-header-content-length", b"137")]
+    assert type(first) is http_protocol.KeptHeaders and type(http_protocol.JSON_HEADERS) is http_protocol.KeptHeaders
+    for n in range(http_protocol._KEPT + 10):
+        assert http_protocol.binary_headers(n)[1] == (b"inference-header-content-length", b"%d" % n)
+    assert len(http_protocol._BINARY_HEADERS) <= http_protocol._KEPT
 
 
 def test_json_tensor_data_packs_as_numpy_would_for_every_datatype_and_value():

@@ -15,6 +15,7 @@ from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..errors import invalid
 
 LARGE_OUTPUT = 64 * 1024  # a binary output this large is written from its own buffer, never joined
+_ITEMSIZE = datatypes.ITEMSIZE
 _INT_ONLY = frozenset((int,))  # the one type of a shape's dimensions (JSON numbers: int, never bool)
 
 # Datatypes whose flat JSON list of numbers the standard library's array packs in Triton's layout (this
@@ -125,31 +126,37 @@ def decode_infer(body: bytes, header_length: int | None, model: str, version: st
     view = memoryview(body)
     doc = json_object(view[:header_length] if header_length is not None else view)
     raw_inputs = doc.get("inputs")
-    if not isinstance(raw_inputs, list):
+    if type(raw_inputs) is not list:
         raise invalid("Unable to parse 'inputs': expected a list of input tensors")
     binary = view[header_length:] if header_length is not None else view[len(view):]
+    end = len(binary)
     pos = 0
     inputs = []
-    for item in raw_inputs:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+    for item in raw_inputs:  # orjson's objects: type() is the exact check
+        name = item.get("name") if type(item) is dict else None
+        if type(name) is not str:
             raise invalid("Unable to parse 'inputs': each input needs a 'name'")
-        name = item["name"]
         datatype = item.get("datatype")
-        if datatype not in datatypes.ITEMSIZE:
+        if datatype not in _ITEMSIZE:
             raise invalid(f"invalid datatype for input {name}")
         shape = item.get("shape")
         if type(shape) is not list or not _INT_ONLY.issuperset(map(type, shape)):
             raise invalid(f"Unable to parse 'shape' of input '{name}': expected a list of integers")
-        params = item.get("parameters") or {}
-        if not isinstance(params, dict):
+        params = item.get("parameters")
+        if not params:
+            params = {}
+            if "data" not in item:
+                raise invalid(f"input '{name}' has neither 'data' nor a 'binary_data_size' parameter")
+            data = _json_data(name, datatype, shape, item["data"])
+        elif type(params) is not dict:
             raise invalid(f"Unable to parse 'parameters' of input '{name}'")
-        if "shared_memory_region" in params:
+        elif "shared_memory_region" in params:
             data = None  # the dataplane resolves the region
         elif "binary_data_size" in params:
             size = params["binary_data_size"]
-            if not isinstance(size, int) or size < 0 or pos + size > len(binary):
+            if not isinstance(size, int) or size < 0 or pos + size > end:
                 raise invalid(f"unexpected binary_data_size {size} for input '{name}': the request holds "
-                              f"{len(binary) - pos} more bytes of binary data")
+                              f"{end - pos} more bytes of binary data")
             data = binary[pos:pos + size]
             pos += size
         elif "data" in item:
@@ -157,28 +164,29 @@ def decode_infer(body: bytes, header_length: int | None, model: str, version: st
         else:
             raise invalid(f"input '{name}' has neither 'data' nor a 'binary_data_size' parameter")
         inputs.append(Tensor(name, datatype, shape, data, params))
-    if pos != len(binary):
-        raise invalid(f"the request holds {len(binary)} bytes of binary data, but its inputs use {pos}")
+    if pos != end:
+        raise invalid(f"the request holds {end} bytes of binary data, but its inputs use {pos}")
     outputs = None
     if "outputs" in doc:
         raw_outputs = doc["outputs"]
-        if not isinstance(raw_outputs, list):
+        if type(raw_outputs) is not list:
             raise invalid("Unable to parse 'outputs': expected a list")
         outputs = []
         for item in raw_outputs:
-            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            name = item.get("name") if type(item) is dict else None
+            if type(name) is not str:
                 raise invalid("Unable to parse 'outputs': each output needs a 'name'")
             params = item.get("parameters") or {}
-            if not isinstance(params, dict):
-                raise invalid(f"Unable to parse 'parameters' of output '{item['name']}'")
-            outputs.append(RequestedOutput(item["name"], params))
+            if type(params) is not dict:
+                raise invalid(f"Unable to parse 'parameters' of output '{name}'")
+            outputs.append(RequestedOutput(name, params))
     parameters = doc.get("parameters") or {}
-    if not isinstance(parameters, dict):
+    if type(parameters) is not dict:
         raise invalid("Unable to parse 'parameters': expected a JSON object")
     request_id = doc.get("id", "")
-    if not isinstance(request_id, str):
+    if type(request_id) is not str:
         raise invalid("Unable to parse 'id': expected a string")
-    binary_default = bool(parameters.pop("binary_data_output", False))
+    binary_default = bool(parameters.pop("binary_data_output", False)) if parameters else False
     return InferRequest(model, version, request_id, inputs, outputs, parameters), binary_default
 
 

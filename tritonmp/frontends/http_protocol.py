@@ -256,13 +256,27 @@ class FastInfer:
         self.protocol.fast_reply(self, status, JSON_HEADERS, [orjson.dumps({"error": message})])
 
 
-JSON_HEADERS = [(b"content-type", b"application/json")]  # a JSON response's own headers
+class KeptHeaders(list):
+    """A response's own headers that many responses share, never changed: the protocol keeps the head
+    it renders from them (with the server's default headers) for the next response that has them."""
 
 
-def binary_headers(json_length: int) -> list:
-    """The own headers of a response whose JSON header of `json_length` bytes binary tensors follow."""
-    return [(b"content-type", b"application/octet-stream"), (b"inference-header-content-length", b"%d" % json_length)]
-_JSON_HEADS: dict = {}  # status -> (the default headers it was made with, head): see _head
+JSON_HEADERS = KeptHeaders([(b"content-type", b"application/json")])  # a JSON response's own headers
+_BINARY_HEADERS: dict[int, KeptHeaders] = {}  # JSON header length -> binary_headers' answer
+_KEPT = 4096  # entries kept in each of the caches of this module
+
+
+def binary_headers(json_length: int) -> KeptHeaders:
+    """The own headers of a response whose JSON header of `json_length` bytes binary tensors follow
+    (a model's answers mostly have the same few lengths: the same list for each, its head kept)."""
+    headers = _BINARY_HEADERS.get(json_length)
+    if headers is None:
+        if len(_BINARY_HEADERS) >= _KEPT:
+            _BINARY_HEADERS.clear()
+        headers = _BINARY_HEADERS[json_length] = KeptHeaders(
+            [(b"content-type", b"application/octet-stream"), (b"inference-header-content-length", b"%d" % json_length)])
+    return headers
+_HEADS: dict = {}  # (status, id of KeptHeaders) -> (the default headers and own headers it was made with, head)
 _IDLE = "nothing (idle keep-alive)"  # the deadline between a connection's requests
 _INFER_PREFIX = b"/v2/models/"
 _INFER_SUFFIX = b"/infer"
@@ -272,7 +286,6 @@ _INFER_LENGTH = len(_INFER_SUFFIX)
 
 _NOT_FAST_HEADERS = frozenset((b"transfer-encoding", b"content-encoding", b"upgrade"))  # ASGI's to serve
 _ROUTES: dict = {}  # request target -> what _infer_route makes of it
-_ROUTES_KEPT = 4096
 
 
 def _infer_route(url: bytes) -> tuple[str, str] | None:
@@ -290,7 +303,7 @@ def _infer_route(url: bytes) -> tuple[str, str] | None:
             route = (parts[0], "")
         elif len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
             route = (parts[0], parts[2])
-    if len(_ROUTES) >= _ROUTES_KEPT:
+    if len(_ROUTES) >= _KEPT:
         _ROUTES.clear()
     _ROUTES[url] = route
     return route
@@ -487,13 +500,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _head(self, status: int, headers: list) -> bytes:
         """A response's head up to the value of its Content-Length. The server's default headers
-        (the date among them) are a new list each second, and most responses are JSON with the same
-        status: those heads are kept for reuse until the default headers change."""
+        (the date among them) are a new list each second, and most responses have the same status
+        and KeptHeaders: those heads are kept for reuse until the default headers change."""
         default = self.server_state.default_headers
-        if headers is JSON_HEADERS:
-            cached = _JSON_HEADS.get(status)
-            if cached is not None and cached[0] is default:
-                return cached[1]
+        kept = type(headers) is KeptHeaders
+        if kept:
+            cached = _HEADS.get((status, id(headers)))
+            if cached is not None and cached[0] is default and cached[1] is headers:
+                return cached[2]
         head = [STATUS_LINE[status]]
         for name, value in default:
             head += (name, b": ", value, b"\r\n")
@@ -501,8 +515,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             head += (name, b": ", value, b"\r\n")
         head.append(b"content-length: ")
         joined = b"".join(head)
-        if headers is JSON_HEADERS:
-            _JSON_HEADS[status] = (default, joined)
+        if kept:
+            if len(_HEADS) >= _KEPT:
+                _HEADS.clear()
+            _HEADS[(status, id(headers))] = (default, headers, joined)
         return joined
 
     def fast_reply(self, cycle: FastInfer, status: int, headers: list, parts: list) -> None:
