@@ -695,6 +695,8 @@ class Connection(asyncio.BufferedProtocol):
     # ---- sending ----
 
     def _wake_windows(self) -> None:
+        if not self.window_waiters:  # the common case: every WINDOW_UPDATE comes here
+            return
         waiters, self.window_waiters = self.window_waiters, []
         for waiter in waiters:
             if not waiter.done():
