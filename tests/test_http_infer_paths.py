@@ -1,10 +1,10 @@
 """The HTTP infer route's two paths answer alike. A small body with a declared length is served
 straight from the protocol (http_protocol.FastInfer); the same request sent chunked takes the ASGI
 app. Both give the same status, headers and body for successes and for every kind of error.
-Pipelined requests are answered in order across the two paths, HTTP/1.0 clients are answered and
-closed, an idle keep-alive connection closes after the keep-alive timeout (but not while its
-request is running), and a client that sends without reading its answers is held to a bounded
-buffer."""
+Pipelined requests are answered in order across the two paths, `Expect: 100-continue` is answered
+before the body comes, HTTP/1.0 clients are answered and closed, an idle keep-alive connection
+closes after the keep-alive timeout (but not while its request is running), and a client that sends
+without reading its answers is held to a bounded buffer."""
 
 import gzip
 import socket
@@ -124,6 +124,27 @@ def test_pipelined_requests_are_answered_in_order(server):
     assert answers[0] == (200, [2, 3, 4]) and answers[1] == (200, [6, 7, 8]) and answers[2] == (200, b"")
     assert answers[3][0] == 404  # the unknown model
     assert answers[4] == (200, [6, 7, 8]) and answers[5] == (200, [2, 3, 4])
+
+
+def test_expect_100_continue_is_answered_before_the_body(server):
+    """A client that asks to be told to go on (curl does, for large bodies) gets 100 Continue
+    before it sends its body, then its answer, on the same connection as a plain request after it."""
+    body = orjson.dumps(ADD)
+    head = _request("/v2/models/add_py/infer", body, {"Expect": "100-continue"}, chunked=False)[:-len(body)]
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as s:
+        s.sendall(head)
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            chunk = s.recv(65536)
+            assert chunk, f"connection closed before 100 Continue: {interim!r}"
+            interim += chunk
+        assert interim.startswith(b"HTTP/1.1 100 Continue\r\n"), interim
+        s.sendall(body)
+        status, _, answer, rest = _read_response(s, interim.split(b"\r\n\r\n", 1)[1])
+        assert status == 200 and orjson.loads(answer)["outputs"][0]["data"] == [2, 3, 4]
+        s.sendall(_request("/v2/models/add_py/infer", body, {}, chunked=False))
+        status, _, answer, _ = _read_response(s, rest)
+        assert status == 200 and orjson.loads(answer)["outputs"][0]["data"] == [2, 3, 4]
 
 
 def test_http10_clients_are_answered_and_closed(server):

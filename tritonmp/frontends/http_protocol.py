@@ -284,7 +284,7 @@ _MODEL_AT = len(_INFER_PREFIX)
 _INFER_LENGTH = len(_INFER_SUFFIX)
 
 
-_NOT_FAST_HEADERS = frozenset((b"transfer-encoding", b"content-encoding", b"upgrade"))  # ASGI's to serve
+_NOT_FAST_HEADERS = frozenset((b"transfer-encoding", b"content-encoding", b"upgrade", b"expect"))  # ASGI's to serve
 _ROUTES: dict = {}  # request target -> what _infer_route makes of it
 
 
@@ -428,6 +428,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._deadline is None:  # a keep-alive connection's next request: its own deadline
             self._arm(self.limits.header_timeout, "its request headers")
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """uvicorn's, less its look for `Expect: 100-continue`, made once per request instead: by
+        _fast_infer (which leaves any request with an Expect header to ASGI) or before ASGI's cycle."""
+        self.headers.append((name.lower(), value.rstrip(b" \t")))  # llhttp keeps trailing whitespace
+
     def on_headers_complete(self) -> None:
         self._deadline = None  # _disarm(), as every call below is made for every request
         fast = self._fast_infer() if self.fast_app is not None else None
@@ -435,6 +440,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.cycle = fast
             self._arm(self.limits.body_timeout, "its request body")
             return
+        for key, value in self.headers:
+            if key == b"expect" and value.lower() == b"100-continue":
+                self.expect_100_continue = True
         self._scope()
         super().on_headers_complete()
         if self.cycle is not None and self.cycle.more_body:
@@ -453,8 +461,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         """A FastInfer for this request when it is an infer whose body can be taken whole without
         ASGI, else None."""
         route = _infer_route(self.url)
-        if route is None or self.parser.get_method() != b"POST" or self.expect_100_continue \
-                or self.flow.write_paused or (self.cycle is not None and not self.cycle.response_complete):
+        if route is None or self.parser.get_method() != b"POST" or self.flow.write_paused \
+                or (self.cycle is not None and not self.cycle.response_complete):
             return None
         app = self.fast_app
         length = -1
