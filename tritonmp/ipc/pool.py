@@ -460,10 +460,10 @@ class Instance:
             if request.trace is not None:
                 request.trace.mark("COMPUTE_START", now)
         if self.pool.decoupled or self.pool.senders:
+            watch = self._watch_cancel
             for index, request in enumerate(batch):
                 self.streams[(self.batch_id, index)] = request
-                request.future.add_done_callback(
-                    lambda future, key=(self.batch_id, index): future.cancelled() and self._cancel(key))
+                request.future.add_done_callback(watch)
         header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arena, self.outputs.index)
         self.sent_ns = now
         self.encode_ns = time.monotonic_ns() - now
@@ -480,9 +480,17 @@ class Instance:
             return  # its client has gone
         self.pool.reschedule(request)
 
+    def _watch_cancel(self, future: asyncio.Future) -> None:
+        """The done-callback of a request the model has: if its client has gone, the worker is told,
+        and its model sees is_cancelled(). (Answered from the batch's result, the callback is taken off
+        before it runs: see _on_result.)"""
+        if future.cancelled():
+            for key, request in list(self.streams.items()):  # cancellations are rare: no index kept
+                if request.future is future:
+                    self._cancel(key)
+
     def _cancel(self, key: tuple[int, int]) -> None:
-        """A request's client has gone while the model has it: tell the worker, whose model sees
-        is_cancelled()."""
+        """Tell the worker that the request `key` (batch id, index) is cancelled."""
         if key in self.streams and self.channel is not None:
             self.channel.send(transport.CANCEL, transport.encode(transport.Cancel(*key)), [])
 
@@ -548,6 +556,7 @@ class Instance:
                     continue  # answered through its response sender, already or later
                 if self.streams.pop((result.batch_id, index), None) is None:
                     continue  # already answered through its response sender
+                request.future.remove_done_callback(self._watch_cancel)  # its client is answered here
             self._answer(request, response, stats, now)
         pool.put_idle(self)
 

@@ -96,11 +96,13 @@ def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena,
                 ref = transport.TensorRef(t.name, t.datatype, list(t.shape))
                 _place([data], buffers.nbytes(data), arena, frames, ref)
                 refs.append(ref)
-            if r.outputs is None:
-                headers.append(transport.RequestHeader(r.id, refs, [], r.parameters))
-            else:
-                headers.append(transport.RequestHeader(r.id, refs, _requested(r), r.parameters,
-                                                       shm_outputs=_shm_outputs(r)))
+            names: list = []  # _requested() and _shm_outputs() in one pass
+            shm: list = []
+            for o in r.outputs or ():
+                names.append(o.name)
+                if o.shm is not None:
+                    shm.append(_shm_ref(o.name, "", [], o.shm))
+            headers.append(transport.RequestHeader(r.id, refs, names, r.parameters, shm_outputs=shm))
     return transport.encode(transport.Execute(batch_id, headers, out_arena)), frames
 
 
