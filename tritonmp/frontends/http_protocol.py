@@ -276,6 +276,8 @@ def binary_headers(json_length: int) -> KeptHeaders:
         headers = _BINARY_HEADERS[json_length] = KeptHeaders(
             [(b"content-type", b"application/octet-stream"), (b"inference-header-content-length", b"%d" % json_length)])
     return headers
+
+
 _HEADS: dict = {}  # (status, id of KeptHeaders) -> (the default headers and own headers it was made with, head)
 _IDLE = "nothing (idle keep-alive)"  # the deadline between a connection's requests
 _INFER_PREFIX = b"/v2/models/"
