@@ -38,10 +38,6 @@ def _place(datas: list, nbytes: int, arena: Arena, frames: list, ref: transport.
     frames.append(datas[0] if len(datas) == 1 else b"".join(datas))
 
 
-def _requested(request: InferRequest) -> list[str]:
-    return [] if request.outputs is None else [o.name for o in request.outputs]
-
-
 def _shm_ref(name: str, datatype: str, shape: list[int], ref: ShmRef) -> transport.TensorRef:
     return transport.TensorRef(name, datatype, shape, offset=ref.offset, nbytes=ref.nbytes, shm_key=ref.key,
                                shm_id=ref.region_id, cuda_handle=ref.raw_handle, cuda_device=ref.device_id)
@@ -96,7 +92,7 @@ def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena,
                 ref = transport.TensorRef(t.name, t.datatype, list(t.shape))
                 _place([data], buffers.nbytes(data), arena, frames, ref)
                 refs.append(ref)
-            names: list = []  # _requested() and _shm_outputs() in one pass
+            names: list = []  # the requested outputs (none: all) and those to write into client regions
             shm: list = []
             for o in r.outputs or ():
                 names.append(o.name)
