@@ -316,6 +316,35 @@ def mixed_contents_errors(grpc_url: str, model: str = "add_py") -> list[tuple]:
     return answers
 
 
+def reserved_parameter_answers(grpc_url: str, model: str = "add_py") -> list[tuple]:
+    """ModelInfer requests to an add model with a request parameter of Triton's own (a `triton_`
+    key): an unknown one, the one Triton takes with a value of the wrong type, and that one as a
+    bool: (status, message) of each."""
+    import grpc
+    import numpy as np
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as rpc
+
+    raw = np.ones(3, np.float32).tobytes()
+    answers = []
+    with grpc.insecure_channel(grpc_url) as channel:
+        stub = rpc.GRPCInferenceServiceStub(channel)
+        empty_final = "triton_enable_empty_final_response"
+        for key, kind, value in (("triton_foo", "int64_param", 1), (empty_final, "int64_param", 3),
+                                 (empty_final, "bool_param", True)):
+            request = pb.ModelInferRequest(model_name=model)
+            for name in "AB":
+                request.inputs.add(name=name, datatype="FP32", shape=[1, 3])
+            request.raw_input_contents.extend([raw, raw])
+            setattr(request.parameters[key], kind, value)
+            try:
+                stub.ModelInfer(request, timeout=30)
+                answers.append(("OK", ""))
+            except grpc.RpcError as e:
+                answers.append((e.code().name, e.details()))
+    return answers
+
+
 RAW_MODEL = """
 import numpy as np
 import triton_python_backend_utils as pb_utils

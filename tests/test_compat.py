@@ -135,6 +135,7 @@ def test_server_metadata_has_the_same_shape_and_no_extension_triton_lacks(pair):
     ("/v2/models/add_py/infer", _add_body(a={"datatype": "FP3"})),
     ("/v2/models/add_py/infer", _add_body(a={"shape": [3]})),
     ("/v2/models/add_py/infer", _add_body(id="compat-1", a={"datatype": "INT8"})),
+    ("/v2/models/add_py/infer", _add_body(parameters={"triton_enable_empty_final_response": True})),
     ("/v2/models/nope/infer", _add_body()),
     ("/v2/models/add_py/versions/9/infer", _add_body()),
     ("/v2/models/nope/stats", None),
@@ -307,6 +308,13 @@ def test_typed_contents_beside_raw_contents_match(pair):
 
     ours, ref = pair
     assert mixed_contents_errors(ours.grpc_url) == mixed_contents_errors(ref.grpc_url)
+
+
+def test_request_parameters_of_tritons_own_match(pair):
+    from conftest import reserved_parameter_answers
+
+    ours, ref = pair
+    assert reserved_parameter_answers(ours.grpc_url) == reserved_parameter_answers(ref.grpc_url)
 
 
 def test_load_failures_and_decoupled_refusals_start_with_tritons_words(pair):

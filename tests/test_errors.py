@@ -43,6 +43,9 @@ BAD = {
     "unknown datatype": ("/v2/models/add/infer", _add_body(a_type="FP3"), 400, "invalid datatype for input A"),
     "request id in message": ("/v2/models/add/infer", _add_body(a_type="INT8", id="req-9"), 400,
                               "[request id: req-9] inference input 'A'"),
+    "parameter of Triton's own": ("/v2/models/add/infer", _add_body(parameters={"triton_x": 1}), 400,
+                                  "parameter keys starting with 'triton_' are reserved for Triton usage and should not "
+                                  "be specified."),
 }
 
 

@@ -146,3 +146,16 @@ def test_typed_contents_beside_raw_contents_are_refused_in_tritons_words(server)
 
     message = "contents field must not be specified when using raw_input_contents for 'A' for model 'add_py'"
     assert mixed_contents_errors(server.grpc_url) == [("INVALID_ARGUMENT", message)] * 3
+
+
+def test_request_parameters_of_tritons_own_are_refused_or_taken_as_triton_does(server):
+    """A `triton_` request parameter is Triton's: an unknown one is refused, and the one it knows
+    must be a bool (what the model sees of it: test_python_api)."""
+    from conftest import reserved_parameter_answers
+
+    assert reserved_parameter_answers(server.grpc_url) == [
+        ("INVALID_ARGUMENT", "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following "
+                             "keys starting with 'triton_' are allowed: triton_enable_empty_final_response"),
+        ("INVALID_ARGUMENT", "invalid value type for 'triton_enable_empty_final_response' parameter, expected "
+                             "bool_param."),
+        ("OK", "")]

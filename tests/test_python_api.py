@@ -174,6 +174,38 @@ def test_response_parameters_reach_http_and_grpc_clients(start_server, tmp_path)
         True, 2, "from the model")
 
 
+ECHO_PARAMETERS_MODEL = """
+import json
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())],
+                                           parameters=json.loads(r.parameters())) for r in requests]
+"""
+
+
+def test_a_model_sees_its_clients_parameters_but_not_tritons_own(start_server, tmp_path):
+    """triton_enable_empty_final_response is the gRPC frontend's (Triton keeps its reserved
+    parameters from the model too); the client's own parameters reach the model as they were sent."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as rpc
+
+    write_model(tmp_path / "repo", "echo", ECHO_PARAMETERS_MODEL, X_TO_Y_CONFIG)
+    server = start_server([tmp_path / "repo"])
+    request = pb.ModelInferRequest(model_name="echo")
+    request.inputs.add(name="X", datatype="FP32", shape=[1])
+    request.raw_input_contents.append(np.array([1.0], np.float32).tobytes())
+    request.parameters["mine"].int64_param = 5
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        answer = rpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    assert {key: value.int64_param for key, value in answer.parameters.items()} == {"mine": 5}
+
+
 GPU_TENSORS_MODEL = """
 import numpy as np
 import torch

@@ -42,6 +42,7 @@ class InferRequest:
     deadline_ns: int = 0  # when its queue timeout runs out (0: never)
     delayed: bool = False  # its timeout ran out under timeout_action DELAY
     stream: asyncio.Queue | None = None  # decoupled models: responses, errors, then None
+    empty_final: bool = False  # a gRPC stream's ask for the final flag alone as a response (never the model's)
 
 
 @dataclass(slots=True)

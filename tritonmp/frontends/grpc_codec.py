@@ -166,8 +166,29 @@ def _request(msg: pb.ModelInferRequest, inputs: list) -> InferRequest:
             params = parameters_dict(o.parameters) if o.parameters else {}
             params.pop("binary_data", None)
             outputs.append(RequestedOutput(o.name, params))
-    return InferRequest(msg.model_name, msg.model_version, msg.id, inputs, outputs,
-                        parameters_dict(msg.parameters) if msg.parameters else {})
+    request = InferRequest(msg.model_name, msg.model_version, msg.id, inputs, outputs,
+                           parameters_dict(msg.parameters) if msg.parameters else {})
+    if request.parameters:
+        _reserved(request)
+    return request
+
+
+EMPTY_FINAL = "triton_enable_empty_final_response"  # the one request parameter of Triton's own it takes
+
+
+def _reserved(request: InferRequest) -> None:
+    """Take Triton's own request parameters out of the ones a model sees, refusing any it does not
+    know, in Triton's words."""
+    if not any(key.startswith("triton_") for key in request.parameters):
+        return
+    for key in request.parameters:
+        if key.startswith("triton_") and key != EMPTY_FINAL:
+            raise invalid("parameter keys starting with 'triton_' are reserved for Triton usage. Only the following "
+                          f"keys starting with 'triton_' are allowed: {EMPTY_FINAL}")
+    value = request.parameters.pop(EMPTY_FINAL)
+    if type(value) is not bool:
+        raise invalid(f"invalid value type for '{EMPTY_FINAL}' parameter, expected bool_param.")
+    request.empty_final = value
 
 
 def _decode_in_order(msg: pb.ModelInferRequest, raw) -> InferRequest:

@@ -27,7 +27,6 @@ log = logging.getLogger("tritonmp.grpc")
 
 SERVICE = "inference.GRPCInferenceService"
 FINAL = "triton_final_response"  # on every streamed response: is it its request's last
-EMPTY_FINAL = "triton_enable_empty_final_response"  # a request's ask for the final flag alone, as a response
 CODE_OF = {
     Status.UNKNOWN: Code.UNKNOWN,
     Status.INTERNAL: Code.INTERNAL,
@@ -151,7 +150,7 @@ class InferenceService:
             msg = grpc_codec.request_message(item)
             try:
                 request = grpc_codec.decode_infer(item)
-                send_empty = request.parameters.get(EMPTY_FINAL) is True
+                send_empty = request.empty_final
                 async for item in self.dp.infer_stream(request):
                     if isinstance(item, ServerError):  # one failed response; more may follow
                         await failed(msg, item)

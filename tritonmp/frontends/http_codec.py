@@ -183,6 +183,9 @@ def decode_infer(body: bytes, header_length: int | None, model: str, version: st
     parameters = doc.get("parameters") or {}
     if type(parameters) is not dict:
         raise invalid("Unable to parse 'parameters': expected a JSON object")
+    if parameters and any(key.startswith("triton_") for key in parameters):  # as Triton's HTTP endpoint
+        raise invalid("parameter keys starting with 'triton_' are reserved for Triton usage and should not be "
+                      "specified.")
     request_id = doc.get("id", "")
     if type(request_id) is not str:
         raise invalid("Unable to parse 'id': expected a string")
