@@ -287,62 +287,63 @@ def stream_final_flags(grpc_url: str, add_model: str = "add_py", decoupled: str 
     return seen
 
 
-def mixed_contents_errors(grpc_url: str, model: str = "add_py") -> list[tuple]:
-    """ModelInfer requests to an add model that set raw_input_contents and an input's typed contents
-    too (for the same input, for another, or an empty contents field): (status, message) of each."""
+def model_infer_answers(grpc_url: str, requests: list) -> list[tuple]:
+    """(status, message) of each ModelInferRequest sent in turn: ("OK", "") for a success."""
     import grpc
-    import numpy as np
-    from tritonclient.grpc import service_pb2 as pb
     from tritonclient.grpc import service_pb2_grpc as rpc
 
-    raw = np.ones(3, np.float32).tobytes()
     answers = []
     with grpc.insecure_channel(grpc_url) as channel:
         stub = rpc.GRPCInferenceServiceStub(channel)
-        for variant in ("same input", "another input", "empty contents"):
-            request = pb.ModelInferRequest(model_name=model)
-            a = request.inputs.add(name="A", datatype="FP32", shape=[1, 3])
-            request.inputs.add(name="B", datatype="FP32", shape=[1, 3])
-            if variant == "empty contents":
-                a.contents.SetInParent()
-            else:
-                a.contents.fp32_contents.extend([1, 1, 1])
-            request.raw_input_contents.extend([raw] if variant == "another input" else [raw, raw])
+        for request in requests:
             try:
                 stub.ModelInfer(request, timeout=30)
                 answers.append(("OK", ""))
             except grpc.RpcError as e:
                 answers.append((e.code().name, e.details()))
     return answers
+
+
+def mixed_contents_errors(grpc_url: str, model: str = "add_py") -> list[tuple]:
+    """ModelInfer requests to an add model that set raw_input_contents and an input's typed contents
+    too (for the same input, for another, or an empty contents field): (status, message) of each."""
+    import numpy as np
+    from tritonclient.grpc import service_pb2 as pb
+
+    raw = np.ones(3, np.float32).tobytes()
+    requests = []
+    for variant in ("same input", "another input", "empty contents"):
+        request = pb.ModelInferRequest(model_name=model)
+        a = request.inputs.add(name="A", datatype="FP32", shape=[1, 3])
+        request.inputs.add(name="B", datatype="FP32", shape=[1, 3])
+        if variant == "empty contents":
+            a.contents.SetInParent()
+        else:
+            a.contents.fp32_contents.extend([1, 1, 1])
+        request.raw_input_contents.extend([raw] if variant == "another input" else [raw, raw])
+        requests.append(request)
+    return model_infer_answers(grpc_url, requests)
 
 
 def reserved_parameter_answers(grpc_url: str, model: str = "add_py") -> list[tuple]:
     """ModelInfer requests to an add model with a request parameter of Triton's own (a `triton_`
     key): an unknown one, the one Triton takes with a value of the wrong type, and that one as a
     bool: (status, message) of each."""
-    import grpc
     import numpy as np
     from tritonclient.grpc import service_pb2 as pb
-    from tritonclient.grpc import service_pb2_grpc as rpc
 
     raw = np.ones(3, np.float32).tobytes()
-    answers = []
-    with grpc.insecure_channel(grpc_url) as channel:
-        stub = rpc.GRPCInferenceServiceStub(channel)
-        empty_final = "triton_enable_empty_final_response"
-        for key, kind, value in (("triton_foo", "int64_param", 1), (empty_final, "int64_param", 3),
-                                 (empty_final, "bool_param", True)):
-            request = pb.ModelInferRequest(model_name=model)
-            for name in "AB":
-                request.inputs.add(name=name, datatype="FP32", shape=[1, 3])
-            request.raw_input_contents.extend([raw, raw])
-            setattr(request.parameters[key], kind, value)
-            try:
-                stub.ModelInfer(request, timeout=30)
-                answers.append(("OK", ""))
-            except grpc.RpcError as e:
-                answers.append((e.code().name, e.details()))
-    return answers
+    empty_final = "triton_enable_empty_final_response"
+    requests = []
+    for key, kind, value in (("triton_foo", "int64_param", 1), (empty_final, "int64_param", 3),
+                             (empty_final, "bool_param", True)):
+        request = pb.ModelInferRequest(model_name=model)
+        for name in "AB":
+            request.inputs.add(name=name, datatype="FP32", shape=[1, 3])
+        request.raw_input_contents.extend([raw, raw])
+        setattr(request.parameters[key], kind, value)
+        requests.append(request)
+    return model_infer_answers(grpc_url, requests)
 
 
 RAW_MODEL = """
