@@ -179,12 +179,12 @@ EMPTY_FINAL = "triton_enable_empty_final_response"  # the one request parameter 
 def _reserved(request: InferRequest) -> None:
     """Take Triton's own request parameters out of the ones a model sees, refusing any it does not
     know, in Triton's words."""
-    if not any(key.startswith("triton_") for key in request.parameters):
-        return
     for key in request.parameters:
         if key.startswith("triton_") and key != EMPTY_FINAL:
             raise invalid("parameter keys starting with 'triton_' are reserved for Triton usage. Only the following "
                           f"keys starting with 'triton_' are allowed: {EMPTY_FINAL}")
+    if EMPTY_FINAL not in request.parameters:
+        return
     value = request.parameters.pop(EMPTY_FINAL)
     if type(value) is not bool:
         raise invalid(f"invalid value type for '{EMPTY_FINAL}' parameter, expected bool_param.")

@@ -32,14 +32,12 @@ import resource
 import weakref
 from dataclasses import dataclass
 
-import httptools
 import orjson
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..errors import ServerError, unavailable
 from ..ipc.buffers import RECEIVE_POOL
-from . import http_codec
 
 log = logging.getLogger("tritonmp.http")
 
@@ -216,11 +214,8 @@ class FastInfer:
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.body = []
         try:
-            if self.header_length == 0:  # raw binary: the app knows the model's one input
-                self.request, self.binary_default = app.decode_infer(body, 0, self.model, self.version)
-            else:
-                self.request, self.binary_default = http_codec.decode_infer(body, self.header_length, self.model,
-                                                                            self.version)
+            self.request, self.binary_default = app.decode_infer(body, self.header_length, self.model,
+                                                                 self.version)
             future = app.dp.submit(self.request, "HTTP end point")
         except Exception as e:  # noqa: BLE001 - answered as the ASGI path answers it
             self._failed(e)
@@ -236,12 +231,8 @@ class FastInfer:
             self._failed(error)
             return
         try:
-            if self.accept_encoding:
-                headers, out = self.protocol.fast_app.encode_infer(future.result(), self.request,
-                                                                   self.binary_default, self.accept_encoding)
-            else:  # the app's encode_infer without compression, written out
-                out, json_length = http_codec.encode_infer(future.result(), self.request, self.binary_default)
-                headers = JSON_HEADERS if json_length is None else binary_headers(json_length)
+            headers, out = self.protocol.fast_app.encode_infer(future.result(), self.request, self.binary_default,
+                                                               self.accept_encoding)
         except Exception as e:  # noqa: BLE001
             self._failed(e)
             return
@@ -386,24 +377,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.cycle.message_event.set()
         self.transport.close()
 
-    def _unset_keepalive_if_required(self) -> None:  # the connection ended
+    def _unset_keepalive_if_required(self) -> None:  # data arrived, or the connection ended
         if self._what is _IDLE:
             self._deadline = None
-
-    def data_received(self, data: bytes) -> None:
-        """uvicorn's, with the keep-alive deadline's end written out (it runs for every read)."""
-        if self._what is _IDLE:
-            self._deadline = None
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self.logger.warning("Invalid HTTP request received.")
-            self.send_400_response("Invalid HTTP request received.")
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
 
     def on_response_complete(self) -> None:
         """uvicorn's, with the keep-alive timeout kept on the connection's timer."""
