@@ -17,7 +17,16 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from conftest import EXAMPLE_REPO, TEST_MODELS, ServerProcess, free_ports, http_request, shm_segments
+from conftest import (
+    EXAMPLE_REPO,
+    TEST_MODELS,
+    X_TO_Y_CONFIG,
+    ServerProcess,
+    free_ports,
+    http_request,
+    shm_segments,
+    write_model,
+)
 
 ANCHORS = Path(os.environ.get("TRITONMP_ANCHORS", Path.home() / ".cache" / "tritonmp-anchors"))
 REFERENCE = ANCHORS / "bin" / "tritonserver-ref"
@@ -70,13 +79,18 @@ def both_serving(repo: Path, logs: Path, args: tuple[str, ...] = ("--load-model=
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    """(tritonmp, reference) serving the same python-backend repository."""
+def compat_repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("compat") / "repo"
     shutil.copytree(EXAMPLE_REPO / "add_py", repo / "add_py")
     shutil.copytree(TEST_MODELS / "batch_report", repo / "batch_report")
     shutil.copytree(TEST_MODELS / "repeat", repo / "repeat")
-    with both_serving(repo, tmp_path_factory.mktemp("compat-logs")) as servers:
+    return repo
+
+
+@pytest.fixture(scope="module")
+def pair(compat_repo, tmp_path_factory):
+    """(tritonmp, reference) serving the same python-backend repository."""
+    with both_serving(compat_repo, tmp_path_factory.mktemp("compat-logs")) as servers:
         yield servers
 
 
@@ -138,6 +152,23 @@ def test_server_metadata_has_the_same_shape_and_no_extension_triton_lacks(pair):
     ("/v2/models/add_py/infer", _add_body(parameters={"triton_enable_empty_final_response": True})),
     ("/v2/models/nope/infer", _add_body()),
     ("/v2/models/add_py/versions/9/infer", _add_body()),
+    # the model is looked up before the body is read
+    ("/v2/models/nope/infer", b"{bad"),
+    ("/v2/models/nope/infer", _add_body(a={"datatype": "FP3"})),
+    ("/v2/models/nope/infer", _add_body(parameters={"triton_x": 1})),
+    ("/v2/models/add_py/versions/9/infer", b"{bad"),
+    ("/v2/models/nope/generate", b"{bad"),
+    ("/v2/models/nope/generate_stream", b"{bad"),
+    # versions: digits only in a path, read as std::stol reads them
+    ("/v2/models/add_py/versions/abc/infer", b"{bad"),
+    ("/v2/models/add_py/versions/09/infer", b"{bad"),
+    ("/v2/models/add_py/versions/99999999999999999999/infer", b"{bad"),
+    ("/v2/models/add_py/versions/99999999999999999999/ready", None),
+    ("/v2/models/add_py/versions/99999999999999999999/stats", None),
+    ("/v2/models/nope/versions/99999999999999999999", None),
+    ("/v2/models/add_py/versions/abc", None),
+    ("/v2/models/add_py/versions/-1/ready", None),
+    ("/v2/models/add_py/versions/09", None),
     ("/v2/models/nope/stats", None),
     ("/v2/models/add_py/versions/9/stats", None),
     ("/v2/models/add_py/versions/9", None),
@@ -555,3 +586,50 @@ def test_response_sender_patterns_match(tmp_path):
         ours, ref = (outcomes(s.grpc_url) for s in servers)
     assert ours == ref
     assert not any("hung" in o for o in ref)
+
+
+# last: they add models to the repository both servers share
+def test_versions_not_served_are_refused_alike(pair, compat_repo):
+    """A model unloaded, and one whose only version failed to load: the same answers on both
+    protocols, the same rows in the repository index (the failure's own words aside)."""
+    shutil.copytree(EXAMPLE_REPO / "add_py", compat_repo / "add_twin")
+    config = compat_repo / "add_twin" / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "add_py"', 'name: "add_twin"'))
+    write_model(compat_repo, "fails", "class TritonPythonModel:\n    def initialize(self, args):\n"
+                "        raise RuntimeError('no weights')\n", X_TO_Y_CONFIG)
+    for server in pair:
+        assert server.post("/v2/repository/models/add_twin/load", b"")[0] == 200
+        assert server.post("/v2/repository/models/add_twin/unload", b"")[0] == 200
+        assert server.post("/v2/repository/models/fails/load", b"")[0] == 400
+    for model in ("add_twin", "fails"):
+        for path, body in ((f"/v2/models/{model}/infer", b"{bad"), (f"/v2/models/{model}/infer", _add_body()),
+                           (f"/v2/models/{model}/versions/1/infer", _add_body()), (f"/v2/models/{model}", None),
+                           (f"/v2/models/{model}/versions/1", None), (f"/v2/models/{model}/config", None),
+                           (f"/v2/models/{model}/ready", None), (f"/v2/models/{model}/stats", None)):
+            ours, ref = _both(pair, "GET" if body is None else "POST", path, body or b"")
+            assert ours == ref, path
+    rows = [[{k: v for k, v in row.items() if k != "reason" or v == "unloaded"}
+             for row in orjson.loads(server.post("/v2/repository/index", b"{}")[2])
+             if row["name"] in ("add_twin", "fails")] for server in pair]
+    assert rows[0] == rows[1] == [{"name": "add_twin", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"},
+                                  {"name": "fails", "version": "1", "state": "UNAVAILABLE"}]
+    clients = [grpcclient.InferenceServerClient(server.grpc_url) for server in pair]
+    for model, version in (("add_twin", ""), ("add_twin", "1"), ("fails", ""), ("fails", "1")):
+        answers = []
+        for client in clients:
+            with pytest.raises(InferenceServerException) as e:
+                client.get_model_metadata(model, version)
+            answers.append((e.value.status(), e.value.message()))
+        assert answers[0] == answers[1], (model, version)
+
+
+def test_grpc_version_strings_are_read_alike(pair):
+    clients = [grpcclient.InferenceServerClient(server.grpc_url) for server in pair]
+    for version in ("1abc", " 1", "+1", "0x1", "-0", "-1", "abc", "9223372036854775808", "", "01"):
+        answers = []
+        for client in clients:
+            try:
+                answers.append(client.get_model_metadata("add_py", version).name)
+            except InferenceServerException as e:
+                answers.append((e.status(), e.message()))
+        assert answers[0] == answers[1], version

@@ -75,6 +75,45 @@ def test_unknown_model_and_version(server, model, version, code, message):
     assert e.value.status() == code and message in e.value.message()
 
 
+@pytest.mark.parametrize("version,served", [("1", True), ("01", True), (" 1", True), ("+1", True), ("1abc", True),
+                                           ("1.5", True), ("0x1", False), ("-0", False)])
+def test_version_strings_are_read_as_triton_reads_them(server, version, served):
+    """Triton reads a gRPC model version with std::stol: leading space, a sign and digits, the rest
+    ignored ("1abc" is version 1, "0x1" version 0)."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    a = np.ones((1, 3), np.float32)
+    assert client.is_model_ready("add", version) is served
+    if served:
+        np.testing.assert_array_equal(client.infer("add", add_inputs(grpcclient, a, a), model_version=version)
+                                      .as_numpy("C"), a + a)
+        return
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add", add_inputs(grpcclient, a, a), model_version=version)
+    assert e.value.status() == "StatusCode.NOT_FOUND"
+    assert e.value.message() == "Request for unknown model: 'add' version 0 is not found"
+
+
+@pytest.mark.parametrize("version,message", [
+    ("abc", "failed to get model version from specified version string 'abc' (details: stol), version should be "
+            "an integral value > 0"),
+    ("9223372036854775808", "failed to get model version from specified version string '9223372036854775808' "
+                            "(details: stol), version should be an integral value > 0"),
+    ("-1", "invalid model version specified '-1' , version should be an integral value > 0"),
+])
+def test_a_version_string_that_is_no_version_is_invalid_everywhere(server, version, message):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    a = np.ones((1, 3), np.float32)
+    calls = {"ready": lambda: client.is_model_ready("nope", version),  # before the model is looked up
+             "metadata": lambda: client.get_model_metadata("add", version),
+             "config": lambda: client.get_model_config("add", version),
+             "statistics": lambda: client.get_inference_statistics("add", version),
+             "infer": lambda: client.infer("nope", add_inputs(grpcclient, a, a), model_version=version)}
+    for what, call in calls.items():
+        with pytest.raises(InferenceServerException) as e:
+            call()
+        assert (e.value.status(), e.value.message()) == ("StatusCode.INVALID_ARGUMENT", message), what
+
+
 def test_bad_input_is_invalid_argument(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     a = np.ones((1, 4), np.float32)

@@ -58,6 +58,7 @@ def test_load_and_unload_over_http_and_grpc(explicit):
     explicit.wait_until(lambda: {"name": "add_py", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
                         in client.get_model_repository_index(), what="unload")
     assert not client.is_model_ready("add_py")
+    _refused_as_triton_refuses(explicit, "add_py")
     # unloaded on purpose: not a model version the not-ready alert should fire for
     assert not [k for k in scrape_metrics(explicit) if k.startswith('tritonmp_model_ready{model="add_py"')]
     g = grpcclient.InferenceServerClient(explicit.grpc_url)
@@ -67,6 +68,25 @@ def test_load_and_unload_over_http_and_grpc(explicit):
     assert {"name": "add_py", "version": "1", "state": "READY"} in index
     g.unload_model("add_py", unload_dependents=True)
     assert not g.is_model_ready("add_py")
+
+
+def _refused_as_triton_refuses(server, model):
+    """A model whose version 1 is known but not served (unloaded, or its load failed): without a
+    version it has none available (404), its version 1 is not ready (503), on both protocols, and
+    a request's body is not read to say so."""
+    for path in (f"/v2/models/{model}/infer", f"/v2/models/{model}"):
+        status, _, raw = server.post(path, b"{") if path.endswith("infer") else server.get(path)
+        assert (status, orjson.loads(raw)) == (404, {"error": f"Request for unknown model: '{model}' has no "
+                                                              "available versions"}), path
+    for path in (f"/v2/models/{model}/versions/1/infer", f"/v2/models/{model}/versions/1/config"):
+        status, _, raw = server.post(path, b"{") if path.endswith("infer") else server.get(path)
+        assert (status, orjson.loads(raw)) == (503, {"error": f"Request for unknown model: '{model}' version 1 "
+                                                              "is not at ready state"}), path
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    for version, code in (("", "StatusCode.NOT_FOUND"), ("1", "StatusCode.UNAVAILABLE")):
+        with pytest.raises(InferenceServerException) as e:
+            g.get_model_metadata(model, version)
+        assert e.value.status() == code, version
 
 
 def test_load_with_a_config_override(explicit):
@@ -192,6 +212,8 @@ def test_a_model_that_fails_to_initialize_reports_why(start_server, tmp_path):
     assert 'File "broken/1/model.py", line 3, in initialize' in message  # from the repository, not the disk
     assert str(tmp_path) not in message and "python_backend.py" not in message
     (row,) = client.get_model_repository_index()
-    assert row["state"] == "UNAVAILABLE" and "no weights here" in row["reason"]
+    assert row["version"] == "1" and row["state"] == "UNAVAILABLE" and "no weights here" in row["reason"]
+    assert row["reason"].startswith("failed to load 'broken', ") and str(tmp_path) not in row["reason"]
+    _refused_as_triton_refuses(server, "broken")
     ready = {k: v for k, v in scrape_metrics(server).items() if k.startswith("tritonmp_model_ready")}
     assert ready == {'tritonmp_model_ready{model="broken",version=""}': 0}  # what the not-ready alert sees

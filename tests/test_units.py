@@ -834,3 +834,21 @@ def test_the_one_pass_grpc_decode_agrees_with_the_ordered_decode():
         assert fast == outcome(lambda m: grpc_codec._decode_in_order(m, m.raw_input_contents), m)
     assert not isinstance(outcome(grpc_codec.decode_infer, cases[0]), str)
     assert isinstance(outcome(grpc_codec.decode_infer, cases[2]), str)
+
+
+def test_model_versions_are_read_as_stol_reads_them():
+    from tritonmp.repository.model_manager import parse_version
+
+    read = {"": -1, "1": 1, "007": 7, " \t1": 1, "+2": 2, "-0": 0, "3abc": 3, "1.5": 1, "0x10": 0,
+            str(2**63 - 1): 2**63 - 1}
+    for text, number in read.items():
+        assert parse_version(text) == number, text
+        assert parse_version(text) == number, text  # kept
+    for text in ("abc", " ", "+", "٣", str(2**63), str(-2**63 - 1), "_1"):
+        with pytest.raises(ServerError) as e:
+            parse_version(text)
+        assert e.value.message == (f"failed to get model version from specified version string '{text}' "
+                                   "(details: stol), version should be an integral value > 0")
+    with pytest.raises(ServerError) as e:
+        parse_version("-3")
+    assert e.value.message == "invalid model version specified '-3' , version should be an integral value > 0"

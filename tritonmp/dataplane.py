@@ -15,7 +15,7 @@ from .ipc.shm_registry import SharedMemoryRegistry, ShmRef
 from .observability.log_settings import LogSettings
 from .observability.tracing import Tracer
 from .repository import config as cfg
-from .repository.model_manager import ModelManager
+from .repository.model_manager import ModelManager, parse_version
 from .scheduling.response_cache import ResponseCache
 from .validation import check_request
 
@@ -59,14 +59,17 @@ class Dataplane:
         return self.models.all_ready() if self.strict_readiness else True
 
     def model_ready(self, name: str, version: str) -> bool:
+        """Whether the model (version) is ready; a version string that is no version is an error, as
+        in Triton, not a no."""
+        parse_version(version)
         try:
             self.models.get(name, version)
             return True
-        except Exception:
+        except ServerError:
             return False
 
     def model_metadata(self, name: str, version: str) -> dict:
-        mv = self.models.find(name, version)
+        mv = self.models.get(name, version)
         entry = self.models.entry(name)
         c = mv.config
 
@@ -78,18 +81,19 @@ class Dataplane:
                 "platform": entry.platform, "inputs": tensors(c.input), "outputs": tensors(c.output)}
 
     def model_config(self, name: str, version: str) -> dict:
-        return self.models.find(name, version).config_json
+        return self.models.get(name, version).config_json
 
     def statistics(self, name: str, version: str) -> dict:
         """Triton's statistics reply: every loaded model version, or one model's (one version's)."""
+        number = parse_version(version)
         if not name:
             versions = [mv for e in self.models.models.values() for _, mv in sorted(e.versions.items())]
         else:
             entry = self.models.models.get(name)
             if entry is None or not entry.versions:
                 raise invalid(f"requested model '{name}' is not available")
-            if version:
-                mv = entry.versions.get(int(version)) if version.isdigit() else None
+            if number >= 0:
+                mv = entry.versions.get(number)
                 if mv is None:
                     raise invalid(f"requested model version is not available for model '{name}'")
                 versions = [mv]
@@ -178,16 +182,25 @@ class Dataplane:
         model ("HTTP end point", "ModelInfer RPC"), which clients match on."""
         return await self.submit(request, endpoint)
 
-    def submit(self, request: InferRequest, endpoint: str = "This call") -> asyncio.Future:
-        """`infer` as a future, for a frontend that answers from the future's done-callback: where
-        nothing between the frontend and the scheduler needs to wait (no trace, no response cache,
-        no classification), the scheduler's own future, with no task made for the request. A
-        request refused before it is queued raises ServerError here."""
-        start_ns = time.monotonic_ns() if self.tracer.on else 0
-        mv = self.models.get(request.model_name, request.model_version)
+    def model_for(self, name: str, version: str, endpoint: str = "This call"):
+        """The ready model version that a request answered once is for; ServerError, as Triton
+        words it, for a version string that is no version, an unknown or unready model, or a
+        decoupled one."""
+        mv = self.models.get(name, version)
         if mv.pool.decoupled:
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy; model "
                               f"'{mv.name}' may send any number of responses: use the gRPC ModelStreamInfer stream")
+        return mv
+
+    def submit(self, request: InferRequest, endpoint: str = "This call", mv=None) -> asyncio.Future:
+        """`infer` as a future, for a frontend that answers from the future's done-callback: where
+        nothing between the frontend and the scheduler needs to wait (no trace, no response cache,
+        no classification), the scheduler's own future, with no task made for the request. A
+        request refused before it is queued raises ServerError here. `mv`: the request's model
+        version from `model_for`, looked up in the same turn of the loop (else it is looked up)."""
+        start_ns = time.monotonic_ns() if self.tracer.on else 0
+        if mv is None:
+            mv = self.model_for(request.model_name, request.model_version, endpoint)
         trace = self.tracer.sample(mv.name, mv.version) if start_ns else None
         if trace is None and (self.cache is None or not mv.config.response_cache.enable):
             self._prepare(mv, request)

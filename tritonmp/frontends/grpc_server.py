@@ -70,7 +70,7 @@ class InferenceService:
         return response
 
     async def ModelConfig(self, request):
-        mv = self.dp.models.find(request.name, request.version)
+        mv = self.dp.models.get(request.name, request.version)
         return pb.ModelConfigResponse(config=mv.config)
 
     async def ModelInfer(self, request):

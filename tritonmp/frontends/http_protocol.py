@@ -214,9 +214,10 @@ class FastInfer:
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.body = []
         try:
+            mv = app.dp.model_for(self.model, self.version, "HTTP end point")  # before the body, as Triton
             self.request, self.binary_default = app.decode_infer(body, self.header_length, self.model,
-                                                                 self.version)
-            future = app.dp.submit(self.request, "HTTP end point")
+                                                                 self.version, mv)
+            future = app.dp.submit(self.request, "HTTP end point", mv)
         except Exception as e:  # noqa: BLE001 - answered as the ASGI path answers it
             self._failed(e)
             return
@@ -294,7 +295,7 @@ def _infer_route(url: bytes) -> tuple[str, str] | None:
         parts = url[_MODEL_AT:-_INFER_LENGTH].decode("ascii").split("/")
         if len(parts) == 1 and parts[0]:
             route = (parts[0], "")
-        elif len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
+        elif len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2].isdigit():
             route = (parts[0], parts[2])
     if len(_ROUTES) >= _KEPT:
         _ROUTES.clear()

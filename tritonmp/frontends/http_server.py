@@ -28,7 +28,7 @@ log = logging.getLogger("tritonmp.http")
 
 _TEXT = [(b"content-type", b"text/plain")]
 
-_MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
+_MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"  # Triton's: other versions are Not Found
 INFER = re.compile(_MODEL + r"/infer")
 ROUTES = [
     (re.compile(r"/v2/models/stats"), "GET", "all_stats"),  # before a model named "stats"
@@ -231,12 +231,13 @@ class HttpApp:
         await _send(send, 200, orjson.dumps(self.dp.statistics("", "")))
 
     # -- the generate extension ----------------------------------------------------------------
-    def _generate_request(self, doc: dict, model: str, version: str | None):
-        mv = self.dp.models.get(model, version or "")
+    async def _generate_request(self, receive, model: str, version: str | None):
+        mv = self.dp.models.get(model, version or "")  # an unknown model is said before the body is read
+        doc = generate.parse(bytes(await self._read_body(receive)))
         return generate.decode(doc, model, version or "", mv.inputs, mv.max_batch_size)
 
     async def generate(self, receive, send, model: str, version: str | None) -> None:
-        request = self._generate_request(generate.parse(bytes(await self._read_body(receive))), model, version)
+        request = await self._generate_request(receive, model, version)
         responses = []
         async for item in self.dp.infer_stream(request):
             if isinstance(item, ServerError):
@@ -250,7 +251,7 @@ class HttpApp:
 
     async def generate_stream(self, receive, send, model: str, version: str | None) -> None:
         """Server-sent events, one `data:` line per response; an error ends the stream as an event."""
-        request = self._generate_request(generate.parse(bytes(await self._read_body(receive))), model, version)
+        request = await self._generate_request(receive, model, version)
         stream = _with_data(self.dp.infer_stream(request))
         try:  # errors before any response still get a status code
             first = await anext(stream, None)
@@ -346,6 +347,8 @@ class HttpApp:
 
     # -- inference -------------------------------------------------------------------------
     async def infer(self, scope, receive, send, model: str, version: str) -> None:
+        # as in Triton, a request for a model that cannot take it is refused before its body is read
+        mv = self.dp.model_for(model, version, "HTTP end point")
         header_length, content_encoding, accept_encoding = self.infer_headers(scope["headers"])
         body = await self._read_body(receive)
         if content_encoding:
@@ -353,16 +356,16 @@ class HttpApp:
         if header_length is None and len(body) > json_offload.OFFLOAD_BYTES:
             request, binary_default = await json_offload.decode_infer(body, model, version)
         else:
-            request, binary_default = self.decode_infer(body, header_length, model, version)
-        response = await self.dp.infer(request, "HTTP end point")
+            request, binary_default = self.decode_infer(body, header_length, model, version, mv)
+        response = await self.dp.infer(request, "HTTP end point")  # looked up again: the body took a while
         headers, out = self.encode_infer(response, request, binary_default, accept_encoding)
         await _send(send, 200, out, headers)
 
-    def decode_infer(self, body, header_length: int | None, model: str, version: str):
+    @staticmethod
+    def decode_infer(body, header_length: int | None, model: str, version: str, mv):
         """The request of an infer body in hand (JSON, JSON and binary tensors, or one raw binary
-        input), and whether its outputs default to binary."""
+        input) for model version `mv`, and whether its outputs default to binary."""
         if header_length == 0:  # a raw binary request: no JSON header, the body is the one input
-            mv = self.dp.models.get(model, version)
             return http_codec.decode_raw(body, model, version, mv.inputs, mv.max_batch_size), True
         return http_codec.decode_infer(body, header_length, model, version)
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -30,6 +31,33 @@ from .gpu_support import gpu_capable, why_not
 from .warmup import warmup_requests
 
 log = logging.getLogger("tritonmp.models")
+
+_VERSION = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")  # what C's strtol reads: space, a sign, digits
+_LONG = 1 << 63
+_VERSIONS: dict[str, int] = {}  # version string -> its number: clients send the same few
+_KEPT = 1024
+
+
+def parse_version(text: str) -> int:
+    """A request's model version string as Triton reads it (std::stol: leading space, a sign and
+    digits; anything after them is ignored), -1 for the empty string. INVALID_ARG, with Triton's
+    words, for a string with no number, one out of a 64-bit range, or a negative one."""
+    number = _VERSIONS.get(text)
+    if number is not None:
+        return number
+    if not text:
+        return -1
+    match = _VERSION.match(text)
+    number = int(match.group(1)) if match else _LONG
+    if not -_LONG <= number < _LONG:
+        raise invalid(f"failed to get model version from specified version string '{text}' (details: stol), "
+                      "version should be an integral value > 0")
+    if number < 0:
+        raise invalid(f"invalid model version specified '{text}' , version should be an integral value > 0")
+    if len(_VERSIONS) >= _KEPT:
+        _VERSIONS.clear()
+    _VERSIONS[text] = number
+    return number
 
 
 @dataclass
@@ -136,7 +164,7 @@ class ModelEntry:
     versions: dict[int, ModelVersion] = field(default_factory=dict)  # the versions being served
     problem: str = ""  # why the model could not be loaded at all
     platform: str = ""
-    unloaded: list[int] = field(default_factory=list)  # versions shown as UNAVAILABLE / unloaded
+    down: dict[int, str] = field(default_factory=dict)  # versions known but not served -> why (unloaded, failed)
     files_dir: str = ""  # a private directory holding files sent with a load request
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -339,8 +367,9 @@ class ModelManager:
             files_dir, path = "", self._model_dir(name)
         entry = self.models.setdefault(name, ModelEntry(name, path))
         async with entry.lock:
+            failed: dict[int, str] = {}
             try:
-                new = await self._start_versions(name, path, config_override)
+                new = await self._start_versions(name, path, config_override, failed)
             except ServerError as e:
                 if files_dir:
                     shutil.rmtree(files_dir, ignore_errors=True)
@@ -351,15 +380,19 @@ class ModelManager:
                         mv.reason = f"a later load failed, this version keeps serving: {message}"
                 else:
                     entry.problem = message
+                    entry.down.update({v: self.public(name, why, files_dir) for v, why in failed.items()})
                 raise ServerError(message, e.status) from None
             old, old_dir = entry.versions, entry.files_dir
             entry.versions, entry.path, entry.files_dir = new, path, files_dir
-            entry.problem, entry.unloaded = "", []
+            entry.problem, entry.down = "", {}
             first = next(iter(new.values()))
             entry.platform = first.config.platform or first.backend
             self._retire(list(old.values()), old_dir)
 
-    async def _start_versions(self, name: str, path: str, override: str | None) -> dict[int, ModelVersion]:
+    async def _start_versions(self, name: str, path: str, override: str | None,
+                              failed: dict[int, str]) -> dict[int, ModelVersion]:
+        """The versions of a model, loaded and READY; else a ServerError, with each version that failed
+        to start and why in `failed`."""
         try:
             completed = cfg.load(path, self.options.auto_complete, override, self.options.default_max_batch_sizes,
                                  self.options.config_name)
@@ -382,9 +415,9 @@ class ModelManager:
             mv.pool.custom_metrics = self.custom_metrics
             mv.pool.control = self.control
         await asyncio.gather(*(mv.load() for mv in new.values()))
-        failed = [mv for mv in new.values() if mv.state != "READY"]
+        failed.update({mv.version: mv.reason for mv in new.values() if mv.state != "READY"})
         if failed:
-            reasons = "".join(f"version {mv.version} is at UNAVAILABLE state: {mv.reason};\n" for mv in failed)
+            reasons = "".join(f"version {v} is at UNAVAILABLE state: {why};\n" for v, why in failed.items())
             await asyncio.gather(*(mv.stop(time.monotonic() + 5) for mv in new.values()))
             raise invalid(f"load failed for model '{name}': {reasons}")
         return new
@@ -411,7 +444,7 @@ class ModelManager:
         async with entry.lock:
             old, files_dir = entry.versions, entry.files_dir
             entry.versions, entry.files_dir = {}, ""
-            entry.unloaded = sorted(set(entry.unloaded) | set(old))
+            entry.down.update(dict.fromkeys(old, "unloaded"))
             self._retire(list(old.values()), files_dir)
         log.info("unloading '%s'", name)
 
@@ -420,7 +453,7 @@ class ModelManager:
         names = set(self.discover()) | set(self.models)
         for name in sorted(names):
             entry = self.models.get(name)
-            if entry is None or (not entry.versions and not entry.unloaded and not entry.problem):
+            if entry is None or (not entry.versions and not entry.down and not entry.problem):
                 if not ready_only:
                     rows.append({"name": name})
                 continue
@@ -433,10 +466,11 @@ class ModelManager:
                 rows.append(row)
             if ready_only:
                 continue
-            for v in entry.unloaded:
-                if v not in entry.versions:
-                    rows.append({"name": name, "version": str(v), "state": "UNAVAILABLE", "reason": "unloaded"})
-            if entry.problem and not entry.versions:
+            down = sorted(v for v in entry.down if v not in entry.versions)
+            for v in down:
+                rows.append({"name": name, "version": str(v), "state": "UNAVAILABLE", "reason": entry.down[v]})
+            if entry.problem and not entry.versions and all(entry.down[v] == "unloaded" for v in down):
+                # the load failed before any version started (else its versions' rows say why)
                 rows.append({"name": name, "state": "UNAVAILABLE", "reason": entry.problem})
         return rows
 
@@ -497,21 +531,18 @@ class ModelManager:
             raise not_found(f"Request for unknown model: '{name}' is not found")
         return entry
 
-    @staticmethod
-    def _version(entry: ModelEntry, version: str) -> ModelVersion:
-        mv = entry.versions.get(int(version)) if version.isdigit() else None
-        if mv is None:
-            raise not_found(f"Request for unknown model: '{entry.name}' version {version} is not found")
-        return mv
-
     def get(self, name: str, version: str = "") -> ModelVersion:
-        """The ready model version a request is for; NOT_FOUND or UNAVAILABLE otherwise."""
+        """The ready model version a request is for (the highest ready one without a version), as
+        Triton finds it: INVALID_ARG for a version string that is no version, NOT_FOUND for an unknown
+        model or version, UNAVAILABLE for a known version that is not ready."""
+        number = parse_version(version) if version else -1
         entry = self.entry(name)
-        if version:
-            mv = self._version(entry, version)
-            if mv.state != "READY":
-                raise unavailable(f"Request for unknown model: '{name}' version {version} is not at ready "
-                                  "state")
+        if number >= 0:
+            mv = entry.versions.get(number)
+            if mv is None and number not in entry.down:
+                raise not_found(f"Request for unknown model: '{name}' version {number} is not found")
+            if mv is None or mv.state != "READY":
+                raise unavailable(f"Request for unknown model: '{name}' version {number} is not at ready state")
             return mv
         if len(entry.versions) == 1:  # the common case, without sorting
             (mv,) = entry.versions.values()
@@ -520,19 +551,7 @@ class ModelManager:
         for v in sorted(entry.versions, reverse=True):
             if entry.versions[v].state == "READY":
                 return entry.versions[v]
-        raise unavailable(f"Request for unknown model: '{name}' has no available versions")
-
-    def find(self, name: str, version: str = "") -> ModelVersion:
-        """A model version in any state (for metadata and config); the highest one without a version."""
-        entry = self.entry(name)
-        if version:
-            return self._version(entry, version)
-        try:
-            return self.get(name)
-        except ServerError:
-            if not entry.versions:
-                raise unavailable(f"Request for unknown model: '{name}' has no available versions") from None
-            return entry.versions[max(entry.versions)]
+        raise not_found(f"Request for unknown model: '{name}' has no available versions")
 
     async def stop(self, deadline: float) -> None:
         for task in list(self._retiring):
