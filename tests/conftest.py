@@ -346,6 +346,97 @@ def reserved_parameter_answers(grpc_url: str, model: str = "add_py") -> list[tup
     return model_infer_answers(grpc_url, requests)
 
 
+def grpc_parameter_cases(model: str = "add_py") -> dict:
+    """ModelInfer requests to an add model whose parameters (the request's, an input's, a requested
+    output's) or raw contents Triton checks before running it: name -> request."""
+    import numpy as np
+    from tritonclient.grpc import service_pb2 as pb
+
+    def add(raw_count=2, **params):
+        request = pb.ModelInferRequest(model_name=model)
+        for name in "AB":
+            request.inputs.add(name=name, datatype="FP32", shape=[1, 3])
+        request.raw_input_contents.extend([np.ones(3, np.float32).tobytes()] * raw_count)
+        for key, value in params.items():
+            request.parameters[key].CopyFrom(pb.InferParameter(**value))
+        return request
+
+    def with_input_params(request, **params):
+        for key, value in params.items():
+            request.inputs[0].parameters[key].CopyFrom(pb.InferParameter(**value))
+        return request
+
+    def with_output(request, **params):
+        request.outputs.add(name="C", parameters={k: pb.InferParameter(**v) for k, v in params.items()})
+        return request
+
+    region, size = {"string_param": "nowhere"}, {"int64_param": 12}
+    return {
+        "priority as a string": add(priority={"string_param": "1"}),
+        "negative priority": add(priority={"int64_param": -1}),
+        "priority as uint64": add(priority={"uint64_param": 0}),
+        "timeout as a string": add(timeout={"string_param": "1"}),
+        "sequence_id as a bool": add(sequence_id={"bool_param": True}),
+        "sequence_start as an int": add(sequence_start={"int64_param": 1}),
+        "sequence_end as a string": add(sequence_end={"string_param": "x"}),
+        "a model's parameter as uint64": add(custom={"uint64_param": 1}),
+        "a model's parameter as a double": add(custom={"double_param": 1.5}),
+        "more raw contents than inputs": add(raw_count=3),
+        "raw contents for one input of two": add(raw_count=1),
+        "no data at all": add(raw_count=0),
+        "region without a size": with_input_params(add(1), shared_memory_region=region),
+        "size without a region": with_input_params(add(), shared_memory_byte_size=size),
+        "offset without a region": with_input_params(add(), shared_memory_offset=size),
+        "region as an int": with_input_params(add(1), shared_memory_region=size, shared_memory_byte_size=size),
+        "size as a string": with_input_params(add(1), shared_memory_region=region, shared_memory_byte_size=region),
+        "unknown region": with_input_params(add(1), shared_memory_region=region, shared_memory_byte_size=size),
+        "output region without a size": with_output(add(), shared_memory_region=region),
+        "classification as a string": with_output(add(), classification={"string_param": "2"}),
+        "classification of 0": with_output(add(), classification={"int64_param": 0}),
+        "classification and a region": with_output(add(), classification={"int64_param": 1},
+                                                   shared_memory_region=region, shared_memory_byte_size=size),
+    }
+
+
+def json_parameter_cases() -> dict:
+    """HTTP infer bodies for an add model whose parameters hold values of a type Triton does not
+    take: name -> body."""
+    import orjson
+
+    def add(parameters=None, a_params=None, outputs=None):
+        a = {"name": "A", "shape": [1, 3], "datatype": "FP32"}
+        if a_params is None:
+            a["data"] = [1, 2, 3]
+        else:
+            a["parameters"] = a_params
+        doc = {"inputs": [a, {"name": "B", "shape": [1, 3], "datatype": "FP32", "data": [4, 5, 6]}]}
+        if parameters is not None:
+            doc["parameters"] = parameters
+        if outputs is not None:
+            doc["outputs"] = [{"name": "C", "parameters": outputs}]
+        return orjson.dumps(doc)
+
+    return {
+        "priority as a string": add({"priority": "1"}),
+        "negative priority": add({"priority": -1}),
+        "timeout as a float": add({"timeout": 1.5}),
+        "sequence_id as a bool": add({"sequence_id": True}),
+        "sequence_start as an int": add({"sequence_start": 1}),
+        "binary_data_output as a string": add({"binary_data_output": "yes"}),
+        "a model's parameter as a list": add({"custom": [1]}),
+        "a model's parameter as null": add({"custom": None}),
+        "parameters as a list": add([1]),
+        "binary_data as a string": add(outputs={"binary_data": "yes"}),
+        "classification as a float": add(outputs={"classification": 1.5}),
+        "classification and a region": add(outputs={"classification": 1, "shared_memory_region": "r",
+                                                    "shared_memory_byte_size": 12}),
+        "region as an int": add(a_params={"shared_memory_region": 3, "shared_memory_byte_size": 12}),
+        "negative offset": add(a_params={"shared_memory_region": "r", "shared_memory_offset": -4,
+                                         "shared_memory_byte_size": 12}),
+        "binary_data_size as a string": add(a_params={"binary_data_size": "12"}),
+    }
+
+
 RAW_MODEL = """
 import numpy as np
 import triton_python_backend_utils as pb_utils

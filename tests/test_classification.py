@@ -19,12 +19,34 @@ def test_top_k_with_labels(server, module):
     assert result.as_numpy("Y").tolist() == EXPECTED
 
 
-def test_classification_count_must_be_positive(server):
-    body = orjson.dumps({"inputs": [{"name": "X", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}],
-                         "outputs": [{"name": "Y", "parameters": {"classification": 0}}]})
-    status, _, raw = server.post("/v2/models/scores/infer", body)
-    assert status == 400
-    assert "must be a positive integer" in orjson.loads(raw)["error"]
+def _scores_body(count) -> bytes:
+    return orjson.dumps({"inputs": [{"name": "X", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}],
+                         "outputs": [{"name": "Y", "parameters": {"classification": count}}]})
+
+
+def test_classification_counts_are_read_as_triton_reads_them(server):
+    """Over HTTP, 0 asks for no classification and a count that is no unsigned integer is refused;
+    over gRPC, the count must be an int64_param above 0. Each in Triton's words."""
+    status, _, raw = server.post("/v2/models/scores/infer", _scores_body(0))
+    assert status == 200 and orjson.loads(raw)["outputs"][0]["data"] == [1, 2, 3, 4]
+    for count in (-1, 1.5, "2"):
+        status, _, raw = server.post("/v2/models/scores/infer", _scores_body(count))
+        assert (status, orjson.loads(raw)["error"]) == (400, "Unable to set 'classification': attempt to access JSON "
+                                                             "non-unsigned-integer as unsigned-integer"), count
+    from tritonclient.grpc import service_pb2 as pb
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    for param, message in ((pb.InferParameter(int64_param=0), "invalid value for 'classification' parameter, "
+                                                              "expected >= 0"),
+                           (pb.InferParameter(string_param="2"), "invalid value type for 'classification' parameter, "
+                                                                 "expected int64_param")):
+        request = pb.ModelInferRequest(model_name="scores")
+        request.inputs.add(name="X", datatype="FP32", shape=[1, 4])
+        request.raw_input_contents.append(np.ones(4, np.float32).tobytes())
+        request.outputs.add(name="Y", parameters={"classification": param})
+        with pytest.raises(Exception) as e:
+            client._client_stub.ModelInfer(request)
+        assert (str(e.value.code()), e.value.details()) == ("StatusCode.INVALID_ARGUMENT", message)
 
 
 def test_classification_needs_a_numeric_output(server):

@@ -588,6 +588,22 @@ def test_response_sender_patterns_match(tmp_path):
     assert not any("hung" in o for o in ref)
 
 
+
+def test_infer_parameters_are_checked_alike(pair):
+    """gRPC: the same status and words. HTTP: the same words, where Triton answers 500 for a JSON
+    value of the wrong type and tritonmp 400 (the README says why)."""
+    from test_grpc import GRPC_PARAMETER_ANSWERS
+
+    from conftest import grpc_parameter_cases, json_parameter_cases, model_infer_answers
+
+    cases = grpc_parameter_cases()
+    answers = [dict(zip(cases, model_infer_answers(s.grpc_url, list(cases.values())))) for s in pair]
+    assert answers[0] == answers[1] == GRPC_PARAMETER_ANSWERS
+    for name, body in json_parameter_cases().items():
+        (s1, a), (s2, b) = _both(pair, "POST", "/v2/models/add_py/infer", body)
+        assert a == b and s1 == 400 and s2 in (400, 500), name
+
+
 # last: they add models to the repository both servers share
 def test_versions_not_served_are_refused_alike(pair, compat_repo):
     """A model unloaded, and one whose only version failed to load: the same answers on both

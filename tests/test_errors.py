@@ -224,3 +224,49 @@ def test_missing_inputs_of_a_model_with_optional_ones_and_an_output_asked_twice(
     twice = [grpcclient.InferRequestedOutput("OUTPUT0"), grpcclient.InferRequestedOutput("OUTPUT0")]
     with pytest.raises(InferenceServerException, match="output 'OUTPUT0' is requested more than once"):
         client.infer("input_optional", inputs, outputs=twice)
+
+
+JSON_PARAMETER_ERRORS = {  # Triton 2.51's words; it answers 500 for these, tritonmp 400 (the README says why)
+    "priority as a string": "Unable to parse 'priority': attempt to access JSON non-unsigned-integer as "
+                            "unsigned-integer",
+    "negative priority": "Unable to parse 'priority': attempt to access JSON non-unsigned-integer as unsigned-integer",
+    "timeout as a float": "Unable to parse 'timeout': attempt to access JSON non-unsigned-integer as unsigned-integer",
+    "sequence_id as a bool": "Unable to parse 'sequence_id': attempt to access JSON non-string as string",
+    "sequence_start as an int": "Unable to parse 'sequence_start': attempt to access JSON non-boolean as boolean",
+    "binary_data_output as a string": "Unable to parse 'binary_data_output': attempt to access JSON non-boolean as "
+                                      "boolean",
+    "a model's parameter as a list": "parameter 'custom' has invalid type. It should be either 'int', 'bool', or "
+                                     "'string'.",
+    "a model's parameter as null": "parameter 'custom' has invalid type. It should be either 'int', 'bool', or "
+                                   "'string'.",
+    "parameters as a list": "failed to get request params.: attempt to get members for non-object",
+    "binary_data as a string": "Unable to parse 'binary_data': attempt to access JSON non-boolean as boolean",
+    "classification as a float": "Unable to set 'classification': attempt to access JSON non-unsigned-integer as "
+                                 "unsigned-integer",
+    "classification and a region": "Output can't set both 'shared_memory_region' and 'classification'",
+    "region as an int": "Unable to parse 'shared_memory_region': attempt to access JSON non-string as string",
+    "negative offset": "Unable to parse 'shared_memory_offset': attempt to access JSON non-unsigned-integer as "
+                       "unsigned-integer",
+    "binary_data_size as a string": "Unable to parse 'binary_data_size': attempt to access JSON non-unsigned-integer "
+                                    "as unsigned-integer",
+}
+
+
+def test_parameters_of_a_type_triton_does_not_take_are_refused_in_its_words(server, good_traffic):
+    from conftest import json_parameter_cases
+
+    cases = json_parameter_cases()
+    assert set(cases) == set(JSON_PARAMETER_ERRORS)
+    for name, body in cases.items():
+        status, _, raw = server.post("/v2/models/add_py/infer", body)
+        assert (status, orjson.loads(raw)) == (400, {"error": JSON_PARAMETER_ERRORS[name]}), name
+
+
+def test_input_parameters_that_are_not_an_object_are_none(server):
+    """As Triton reads them (a JSON encoder may write an empty map as [])."""
+    for params in ([], [1], "x"):
+        body = orjson.dumps({"inputs": [{"name": "A", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3],
+                                         "parameters": params},
+                                        {"name": "B", "shape": [1, 3], "datatype": "FP32", "data": [4, 5, 6]}]})
+        status, _, raw = server.post("/v2/models/add_py/infer", body)
+        assert status == 200 and orjson.loads(raw)["outputs"][0]["data"] == [5, 7, 9], params

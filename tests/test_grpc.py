@@ -198,3 +198,55 @@ def test_request_parameters_of_tritons_own_are_refused_or_taken_as_triton_does(s
         ("INVALID_ARGUMENT", "invalid value type for 'triton_enable_empty_final_response' parameter, expected "
                              "bool_param."),
         ("OK", "")]
+
+
+GRPC_PARAMETER_ANSWERS = {  # Triton 2.51's answers (test_compat compares them with its own)
+    "priority as a string": ("INVALID_ARGUMENT", "invalid value type for 'priority' parameter, expected int64_param "
+                                                 "or uint64_param."),
+    "negative priority": ("INVALID_ARGUMENT", "invalid value for 'priority', expected value >= 0."),
+    "priority as uint64": ("OK", ""),
+    "timeout as a string": ("INVALID_ARGUMENT", "invalid value type for 'timeout' parameter, expected int64_param."),
+    "sequence_id as a bool": ("INVALID_ARGUMENT", "invalid value type for 'sequence_id' parameter, expected "
+                                                  "int64_param or string_param."),
+    "sequence_start as an int": ("INVALID_ARGUMENT", "invalid value type for 'sequence_start' parameter, expected "
+                                                     "bool_param."),
+    "sequence_end as a string": ("INVALID_ARGUMENT", "invalid value type for 'sequence_end' parameter, expected "
+                                                     "bool_param."),
+    "a model's parameter as uint64": ("INVALID_ARGUMENT", "invalid value type for 'custom' parameter, expected "
+                                                          "int64_param, bool_param, or string_param."),
+    "a model's parameter as a double": ("OK", ""),
+    "more raw contents than inputs": ("OK", ""),
+    "raw contents for one input of two": ("INVALID_ARGUMENT", "unable to find data for input tensor 'B' for model "
+                                                              "'add_py' in request."),
+    "no data at all": ("INVALID_ARGUMENT", "unable to find data for input tensor 'A' for model 'add_py' in request."),
+    "region without a size": ("INVALID_ARGUMENT", "'shared_memory_byte_size' must be specified along with "
+                                                  "'shared_memory_region' parameter for tensor 'A'"),
+    "size without a region": ("INVALID_ARGUMENT", "'shared_memory_byte_size' can not be specified without "
+                                                  "'shared_memory_region' parameter for tensor 'A'"),
+    "offset without a region": ("INVALID_ARGUMENT", "'shared_memory_offset' can not be specified without "
+                                                    "'shared_memory_region' parameter for tensor 'A'"),
+    "region as an int": ("INVALID_ARGUMENT", "invalid value type for 'shared_memory_region' parameter for tensor "
+                                             "'A', expected string_param."),
+    "size as a string": ("INVALID_ARGUMENT", "invalid value type for 'shared_memory_byte_size' parameter for tensor "
+                                             "'A', expected int64_param."),
+    "unknown region": ("NOT_FOUND", "Unable to find shared memory region: 'nowhere'"),
+    "output region without a size": ("INVALID_ARGUMENT", "'shared_memory_byte_size' must be specified along with "
+                                                         "'shared_memory_region' parameter for tensor 'C'"),
+    "classification as a string": ("INVALID_ARGUMENT", "invalid value type for 'classification' parameter, expected "
+                                                       "int64_param"),
+    "classification of 0": ("INVALID_ARGUMENT", "invalid value for 'classification' parameter, expected >= 0"),
+    "classification and a region": ("INVALID_ARGUMENT", "output can't set both 'shared_memory_region' and "
+                                                        "'classification'"),
+}
+
+
+def test_parameters_and_raw_contents_are_checked_as_triton_checks_them(server):
+    from conftest import grpc_parameter_cases, model_infer_answers
+
+    cases = grpc_parameter_cases()
+    answers = dict(zip(cases, model_infer_answers(server.grpc_url, list(cases.values()))))
+    expected = dict(GRPC_PARAMETER_ANSWERS)
+    # this server has client shared memory off (Triton has no such switch)
+    expected["unknown region"] = ("UNAVAILABLE", "Client shared memory is disabled on this server; start it with "
+                                                 "--allow-client-shm=true to use shared-memory regions")
+    assert answers == expected

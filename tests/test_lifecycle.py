@@ -85,7 +85,8 @@ def test_crash_looping_model_goes_unavailable_with_the_reason(start_server, tmp_
     assert scrape_metrics(server)['tritonmp_worker_restarts_total{model="suicidal",version="1"}'] == 4
     status, _, raw = server.post("/v2/models/suicidal/infer", orjson.dumps(
         {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]}))
-    assert status == 503
+    assert (status, orjson.loads(raw)) == (404, {"error": "Request for unknown model: 'suicidal' has no available "
+                                                          "versions"})  # Triton's answer for no version it can serve
 
 
 class NotifySocket:

@@ -27,7 +27,7 @@ def class_count(parameters: dict, output: str) -> int:
     k = parameters.get("classification")
     if k is None:
         return 0
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:  # 0: not classified, as Triton's HTTP takes it
         raise invalid(f"the classification count of output '{output}' must be a positive integer")
     return k
 

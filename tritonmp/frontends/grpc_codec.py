@@ -10,6 +10,7 @@ from .. import datatypes
 from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..errors import invalid
 from ..ipc import buffers
+from .request_params import RESERVED_GRPC, check_grpc_output, check_grpc_request, check_grpc_shared_memory
 
 # datatype -> the InferTensorContents field that carries it in typed form
 CONTENTS_FIELD = {
@@ -142,83 +143,73 @@ def decode_infer(request: pb.ModelInferRequest | SplitRequest) -> InferRequest:
         if datatype not in itemsize or t.HasField("contents"):
             return _decode_in_order(msg, raw)
         if t.parameters:
-            params = parameters_dict(t.parameters)
-            if "shared_memory_region" in params:
-                inputs.append(Tensor(t.name, datatype, t.shape[:], None, params))
+            if check_grpc_shared_memory(t):
+                inputs.append(Tensor(t.name, datatype, t.shape[:], None, parameters_dict(t.parameters)))
                 continue
+            params = parameters_dict(t.parameters)
         else:
             params = {}
         if next_raw == count:
             return _decode_in_order(msg, raw)
         inputs.append(Tensor(t.name, datatype, t.shape[:], raw[next_raw], params))
         next_raw += 1
-    if next_raw != count:
-        return _decode_in_order(msg, raw)
     return _request(msg, inputs)
 
 
-def _request(msg: pb.ModelInferRequest, inputs: list) -> InferRequest:
-    """The core request of `msg` with its inputs decoded."""
+def _request(msg: pb.ModelInferRequest, inputs: list, checked: bool = False) -> InferRequest:
+    """The core request of `msg` with its inputs decoded (`checked`: its parameters too)."""
+    if msg.parameters and not checked:
+        check_grpc_request(msg.parameters)
     outputs = None
     if msg.outputs:
         outputs = []
         for o in msg.outputs:
-            params = parameters_dict(o.parameters) if o.parameters else {}
-            params.pop("binary_data", None)
+            if o.parameters:
+                check_grpc_output(o)
+                params = parameters_dict(o.parameters)
+                params.pop("binary_data", None)
+            else:
+                params = {}
             outputs.append(RequestedOutput(o.name, params))
     request = InferRequest(msg.model_name, msg.model_version, msg.id, inputs, outputs,
                            parameters_dict(msg.parameters) if msg.parameters else {})
-    if request.parameters:
-        _reserved(request)
+    if RESERVED_GRPC in request.parameters:  # Triton's, not the model's
+        request.empty_final = request.parameters.pop(RESERVED_GRPC)
     return request
 
 
-EMPTY_FINAL = "triton_enable_empty_final_response"  # the one request parameter of Triton's own it takes
-
-
-def _reserved(request: InferRequest) -> None:
-    """Take Triton's own request parameters out of the ones a model sees, refusing any it does not
-    know, in Triton's words."""
-    for key in request.parameters:
-        if key.startswith("triton_") and key != EMPTY_FINAL:
-            raise invalid("parameter keys starting with 'triton_' are reserved for Triton usage. Only the following "
-                          f"keys starting with 'triton_' are allowed: {EMPTY_FINAL}")
-    if EMPTY_FINAL not in request.parameters:
-        return
-    value = request.parameters.pop(EMPTY_FINAL)
-    if type(value) is not bool:
-        raise invalid(f"invalid value type for '{EMPTY_FINAL}' parameter, expected bool_param.")
-    request.empty_final = value
-
-
 def _decode_in_order(msg: pb.ModelInferRequest, raw) -> InferRequest:
+    """The request, checked in Triton's order: its parameters, its inputs' datatypes, then each
+    input's shared memory or data (raw contents are taken in order; any left over are not used)."""
+    if msg.parameters:
+        check_grpc_request(msg.parameters)
     tensors = msg.inputs
-    params_of = [parameters_dict(t.parameters) if t.parameters else {} for t in tensors]
-    in_shm = ["shared_memory_region" in p for p in params_of]
-    if raw:
-        for t in tensors:
-            if t.HasField("contents"):  # Triton's words, which its example clients check for
-                raise invalid(f"contents field must not be specified when using raw_input_contents for '{t.name}' "
-                              f"for model '{msg.model_name}'")
-    if raw and len(raw) != in_shm.count(False):
-        raise invalid(f"expected {in_shm.count(False)} raw_input_contents, one per input not in shared memory, "
-                      f"got {len(raw)}")
+    itemsize = datatypes.ITEMSIZE
+    for t in tensors:
+        if t.datatype not in itemsize:
+            raise invalid(f"invalid datatype for input {t.name}")
     inputs = []
     next_raw = 0
-    itemsize = datatypes.ITEMSIZE
-    for t, shm, params in zip(tensors, in_shm, params_of):
+    for t in tensors:
         datatype = t.datatype
-        if datatype not in itemsize:
-            raise invalid(f"invalid datatype for input {t.name}")
+        shm = check_grpc_shared_memory(t) if t.parameters else False
         if shm:
+            if t.HasField("contents"):
+                raise invalid(f"unexpected 'content' provided when using shared memory for input tensor '{t.name}' "
+                              f"for model '{msg.model_name}'")
             data = None  # the dataplane resolves the region
-        elif raw:
+        elif t.HasField("contents"):
+            if raw:  # Triton's words, which its example clients check for
+                raise invalid(f"contents field must not be specified when using raw_input_contents for '{t.name}' "
+                              f"for model '{msg.model_name}'")
+            data = _typed_contents(t, datatype)
+        elif next_raw < len(raw):
             data = raw[next_raw]
             next_raw += 1
         else:
-            data = _typed_contents(t, datatype)
-        inputs.append(Tensor(t.name, datatype, t.shape[:], data, params))
-    return _request(msg, inputs)
+            raise invalid(f"unable to find data for input tensor '{t.name}' for model '{msg.model_name}' in request.")
+        inputs.append(Tensor(t.name, datatype, t.shape[:], data, parameters_dict(t.parameters) if t.parameters else {}))
+    return _request(msg, inputs, checked=True)
 
 
 def encode_infer(response: InferResponse, with_contents: bool = True) -> pb.ModelInferResponse:

@@ -74,13 +74,18 @@ class InferenceService:
         return pb.ModelConfigResponse(config=mv.config)
 
     async def ModelInfer(self, request):
+        msg = grpc_codec.request_message(request)
+        self.dp.model_for(msg.model_name, msg.model_version, "ModelInfer RPC")  # first, as in Triton
         core = grpc_codec.decode_infer(request)
         return grpc_codec.encode_infer_wire(await self.dp.infer(core, "ModelInfer RPC"))
 
     def start_infer(self, request) -> asyncio.Future:
-        """ModelInfer's first half, for the built-in engine: the request decoded and queued."""
+        """ModelInfer's first half, for the built-in engine: the request's model looked up (before
+        its inputs are read, as Triton does), the request decoded and queued."""
         try:
-            return self.dp.submit(grpc_codec.decode_infer(request), "ModelInfer RPC")
+            msg = grpc_codec.request_message(request)
+            mv = self.dp.model_for(msg.model_name, msg.model_version, "ModelInfer RPC")
+            return self.dp.submit(grpc_codec.decode_infer(request), "ModelInfer RPC", mv)
         except ServerError as e:
             raise RpcError(CODE_OF[e.status], e.message) from None
 
@@ -149,6 +154,7 @@ class InferenceService:
         async def one(item):
             msg = grpc_codec.request_message(item)
             try:
+                self.dp.models.get(msg.model_name, msg.model_version)  # first, as in Triton
                 request = grpc_codec.decode_infer(item)
                 send_empty = request.empty_final
                 async for item in self.dp.infer_stream(request):

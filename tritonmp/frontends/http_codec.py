@@ -13,6 +13,7 @@ import orjson
 from .. import datatypes
 from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..errors import invalid
+from .request_params import check_json_output, check_json_request, check_json_shared_memory
 
 LARGE_OUTPUT = 64 * 1024  # a binary output this large is written from its own buffer, never joined
 _ITEMSIZE = datatypes.ITEMSIZE
@@ -143,18 +144,20 @@ def decode_infer(body: bytes, header_length: int | None, model: str, version: st
         if type(shape) is not list or not _INT_ONLY.issuperset(map(type, shape)):
             raise invalid(f"Unable to parse 'shape' of input '{name}': expected a list of integers")
         params = item.get("parameters")
-        if not params:
+        if not params or type(params) is not dict:  # parameters that are not an object: none, as Triton reads them
             params = {}
             if "data" not in item:
                 raise invalid(f"input '{name}' has neither 'data' nor a 'binary_data_size' parameter")
             data = _json_data(name, datatype, shape, item["data"])
-        elif type(params) is not dict:
-            raise invalid(f"Unable to parse 'parameters' of input '{name}'")
         elif "shared_memory_region" in params:
+            check_json_shared_memory(params)
             data = None  # the dataplane resolves the region
         elif "binary_data_size" in params:
             size = params["binary_data_size"]
-            if not isinstance(size, int) or size < 0 or pos + size > end:
+            if type(size) is not int or size < 0:
+                raise invalid("Unable to parse 'binary_data_size': attempt to access JSON non-unsigned-integer as "
+                              "unsigned-integer")
+            if pos + size > end:
                 raise invalid(f"unexpected binary_data_size {size} for input '{name}': the request holds "
                               f"{end - pos} more bytes of binary data")
             data = binary[pos:pos + size]
@@ -179,13 +182,14 @@ def decode_infer(body: bytes, header_length: int | None, model: str, version: st
             params = item.get("parameters") or {}
             if type(params) is not dict:
                 raise invalid(f"Unable to parse 'parameters' of output '{name}'")
+            if params:
+                check_json_output(params)
             outputs.append(RequestedOutput(name, params))
     parameters = doc.get("parameters") or {}
     if type(parameters) is not dict:
-        raise invalid("Unable to parse 'parameters': expected a JSON object")
-    if parameters and any(key.startswith("triton_") for key in parameters):  # as Triton's HTTP endpoint
-        raise invalid("parameter keys starting with 'triton_' are reserved for Triton usage and should not be "
-                      "specified.")
+        raise invalid("failed to get request params.: attempt to get members for non-object")
+    if parameters:
+        check_json_request(parameters)
     request_id = doc.get("id", "")
     if type(request_id) is not str:
         raise invalid("Unable to parse 'id': expected a string")
