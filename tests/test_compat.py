@@ -218,6 +218,12 @@ def test_shared_memory_status_and_errors_match(pair):
                     {"key": "/tritonmp-compat-other", "offset": 32, "byte_size": 64}):
             ours, ref = _both(pair, "POST", "/v2/systemsharedmemory/region/bad/register", json.dumps(bad).encode())
             assert ours == ref, bad
+        for bad in ({"offset": 0, "byte_size": 8}, {"key": "/tritonmp-compat-test", "offset": 0},
+                    {"key": 5, "byte_size": 8}, {"key": "/tritonmp-compat-test", "offset": -1, "byte_size": 8},
+                    {"key": "/tritonmp-compat-test", "byte_size": "8"}):
+            (s1, a), (s2, b) = _both(pair, "POST", "/v2/systemsharedmemory/region/bad/register",
+                                     json.dumps(bad).encode())
+            assert a == b and s1 == 400 and s2 in (400, 500), bad  # Triton: 500 for a JSON value of the wrong type
         for args in (("/tritonmp-compat-other", 128, 0), ("/tritonmp-compat-other", 64, 32)):
             assert _grpc_error(pair[0].grpc_url, lambda c, a=args: c.register_system_shared_memory(
                 "bad", a[0], a[1], offset=a[2])) == _grpc_error(pair[1].grpc_url, lambda c, a=args:

@@ -47,6 +47,8 @@ def test_explicit_mode_loads_only_what_is_named(explicit):
     assert client.get_model_repository_index() and not client.is_model_ready("add_py")
     status, _, raw = explicit.post("/v2/repository/index", orjson.dumps({"ready": True}))
     assert orjson.loads(raw) == [{"name": "add", "version": "1", "state": "READY"}]
+    status, _, raw = explicit.post("/v2/repository/index", orjson.dumps({"ready": "yes"}))
+    assert (status, orjson.loads(raw)) == (400, {"error": "attempt to access JSON non-boolean as boolean"})
 
 
 def test_load_and_unload_over_http_and_grpc(explicit):

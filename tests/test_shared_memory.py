@@ -107,7 +107,7 @@ def test_status_register_and_unregister(shm_server, regions):
      "Unable to open shared memory region: '/tritonmp-test-no-such-key'"),
     ({"key": "KEY", "offset": 0, "byte_size": 65}, 400, "failed to register shared memory region 'err': invalid args"),
     ({"key": "KEY", "offset": 60, "byte_size": 8}, 400, "failed to register shared memory region 'err': invalid args"),
-    ({"offset": 0, "byte_size": 8}, 400, "needs 'key'"),
+    ({"offset": 0, "byte_size": 8}, 400, "Shared memory register request has no 'key' field"),
 ])
 def test_registration_errors(shm_server, regions, body, status, message):
     _, key = regions("err", 64)
@@ -228,3 +228,16 @@ def test_messages_clients_match_on(shm_server, regions):
                 assert (status, orjson.loads(raw)["error"]) == (400, message), body
     finally:
         shm_server.post("/v2/systemsharedmemory/unregister", b"")
+
+
+def test_registrations_missing_a_field_or_of_the_wrong_type_are_refused_in_tritons_words(shm_server):
+    for doc, message in (({"offset": 0, "byte_size": 8}, "Shared memory register request has no 'key' field"),
+                         ({"key": "/k", "offset": 0}, "Shared memory register request has no 'byte_size' field"),
+                         ({"key": 5, "byte_size": 8}, "attempt to access JSON non-string as string"),
+                         ({"key": "/k", "offset": -1, "byte_size": 8},
+                          "attempt to access JSON non-unsigned-integer as unsigned-integer"),
+                         ({"key": "/k", "byte_size": 8.0},
+                          "attempt to access JSON non-unsigned-integer as unsigned-integer")):
+        status, _, raw = shm_server.post("/v2/systemsharedmemory/region/r/register", orjson.dumps(doc))
+        assert (status, orjson.loads(raw)) == (400, {"error": message}), doc
+    assert orjson.loads(shm_server.get("/v2/systemsharedmemory/status")[2]) == []

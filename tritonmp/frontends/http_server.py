@@ -95,6 +95,10 @@ def _whole_body(receive, received: ReceivedBody):
     return whole
 
 
+def _unsigned(value) -> bool:
+    return type(value) is int and value >= 0
+
+
 def _error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
@@ -288,8 +292,10 @@ class HttpApp:
 
     # -- the repository API ------------------------------------------------------------------
     async def repository_index(self, receive, send) -> None:
-        doc = await self._json_body(receive)
-        await _send(send, 200, orjson.dumps(self.dp.repository_index(bool(doc.get("ready", False)))))
+        ready = (await self._json_body(receive)).get("ready", False)
+        if type(ready) is not bool:
+            raise ServerError("attempt to access JSON non-boolean as boolean")  # Triton's words
+        await _send(send, 200, orjson.dumps(self.dp.repository_index(ready)))
 
     async def repository_load(self, receive, send, model: str) -> None:
         params = (await self._json_body(receive)).get("parameters") or {}
@@ -333,11 +339,18 @@ class HttpApp:
                 raise ServerError("a CUDA region registration needs 'device_id' and 'byte_size' (integers)")
             self.dp.register_cuda_shm(region, raw, doc["device_id"], doc["byte_size"])
         else:
-            if not isinstance(doc.get("key"), str) \
-                    or not isinstance(doc.get("byte_size"), int) or not isinstance(doc.get("offset", 0), int):
-                raise ServerError("a region registration needs 'key' (a string), 'byte_size' and 'offset' "
-                                  "(integers)")
-            self.dp.shm.register(region, doc["key"], doc.get("offset", 0), doc["byte_size"])
+            key, offset, size = doc.get("key"), doc.get("offset", 0), doc.get("byte_size")  # Triton's order
+            if key is None:
+                raise ServerError("Shared memory register request has no 'key' field")
+            if type(key) is not str:
+                raise ServerError("attempt to access JSON non-string as string")
+            if not _unsigned(offset):
+                raise ServerError("attempt to access JSON non-unsigned-integer as unsigned-integer")
+            if size is None:
+                raise ServerError("Shared memory register request has no 'byte_size' field")
+            if not _unsigned(size):
+                raise ServerError("attempt to access JSON non-unsigned-integer as unsigned-integer")
+            self.dp.shm.register(region, key, offset, size)
         await _send(send, 200, b"", _TEXT)
 
     async def shm_unregister(self, receive, send, kind: str, region: str | None) -> None:
