@@ -46,7 +46,7 @@ def test_workers_count_sets_instances_of_models_without_instance_group(start_ser
     config = orjson.loads(server.get("/v2/models/add/config")[2])
     assert [(g["kind"], g["count"]) for g in config["instance_group"]] == [("KIND_CPU", 2)]
     log = server.log()
-    assert "worker add_0_0 of model 'add'" in log and "worker add_0_1 of model 'add'" in log
+    assert "worker add_0 of model 'add'" in log and "worker add_1 of model 'add'" in log
     # add_py names its own instance_group: --workers leaves it alone
     assert "add_py_0_1" not in log
 

@@ -133,6 +133,8 @@ def test_model_metadata_is_identical(pair):
 def test_model_config_is_identical(pair):
     ours, ref = _both(pair, "GET", "/v2/models/add_py/config")
     assert ours == ref
+    ours, ref = _both(pair, "GET", "/v2/models/batch_report/config")  # no instance_group: Triton's default one
+    assert ours == ref and ours[1]["instance_group"][0]["name"] == "batch_report"
 
 
 def test_server_metadata_has_the_same_shape_and_no_extension_triton_lacks(pair):

@@ -72,8 +72,8 @@ def test_log_flags_at_startup(start_server, example_repo, tmp_path):
     _infer(server, "flagged")
     text = log_file.read_text()
     assert "infer request 'flagged' for model 'add'" in text
-    assert "batch 1 of 1 request(s) ['flagged'] to instance 'add_0_0'" in text
-    assert "done on instance 'add_0_0'" in text
+    assert "batch 1 of 1 request(s) ['flagged'] to instance 'add_0'" in text
+    assert "done on instance 'add_0'" in text
     assert all(line[:4].isdigit() and "T" in line[:20] for line in text.splitlines() if line and line[0] == "2")
     settings = httpclient.InferenceServerClient(server.url).get_log_settings()
     assert settings["log_format"] == "ISO8601" and settings["log_verbose_level"] == 1

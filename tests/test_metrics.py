@@ -54,7 +54,7 @@ def test_histograms_and_extras(server):
     assert after[f"tritonmp_model_ready{{{labels}}}"] == 1
     queued = f"tritonmp_queue_duration_us_count{{{labels}}}"
     assert after[queued] >= before[queued] + 1
-    assert after[f"tritonmp_worker_resident_memory_bytes{{instance=\"batch_report_0_0\",{labels}}}"] > 1 << 20
+    assert after[f"tritonmp_worker_resident_memory_bytes{{instance=\"batch_report_0\",{labels}}}"] > 1 << 20
     assert after["process_resident_memory_bytes"] > 1 << 20 and after["process_cpu_seconds_total"] > 0
 
 

@@ -144,6 +144,15 @@ def test_default_instances_are_one_per_visible_gpu(start_server, tmp_path):
     assert [g["gpus"] for g in config["instance_group"]] == [[g] for g in visible_gpus()]
 
 
+def test_the_default_instance_group_is_named_after_the_model_as_in_triton(start_server, tmp_path):
+    if len(visible_gpus()) > 1:
+        pytest.skip("with several GPUs the default instances are one group per GPU")
+    server = start_server([_repo(tmp_path)])
+    config = orjson.loads(server.get("/v2/models/whereami/config")[2])
+    assert [g["name"] for g in config["instance_group"]] == ["whereami"]
+    assert _whereami(server)[1]["model_instance_name"] == "whereami_0"
+
+
 def test_requests_are_spread_over_the_instances(start_server, tmp_path):
     server = start_server([_repo(tmp_path, 'instance_group [ { kind: KIND_CPU, count: 2 } ]\n')])
     names = {_whereami(server)[1]["model_instance_name"] for _ in range(6)}

@@ -211,9 +211,9 @@ def test_client_shm_is_refused_without_the_flag(server, regions):
 def test_messages_clients_match_on(shm_server, regions):
     _, key = regions("msgs", 64)
     status, _, raw = shm_server.post("/v2/systemsharedmemory/region/k/register",
-                                     orjson.dumps({"key": "/tritonmp-no-such-key", "offset": -1, "byte_size": 0}))
+                                     orjson.dumps({"key": "/tritonmp-no-such-key", "offset": 99, "byte_size": 0}))
     assert (status, orjson.loads(raw)["error"]) == (500, "Unable to open shared memory region: "
-                                                         "'/tritonmp-no-such-key'")  # before the arguments
+                                                         "'/tritonmp-no-such-key'")  # before the window is checked
     assert shm_server.post("/v2/systemsharedmemory/region/msgs/register",
                            orjson.dumps({"key": key, "offset": 0, "byte_size": 64}))[0] == 200
     try:

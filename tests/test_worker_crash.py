@@ -28,7 +28,7 @@ def _worker_pids(server, instance):
 
 def test_crash_fails_in_flight_request_and_the_instance_comes_back(start_server, example_repo, test_repo):
     server = start_server([example_repo, test_repo])
-    first_pid = _worker_pids(server, "crash_0_0")[-1]
+    first_pid = _worker_pids(server, "crash_0")[-1]
     stop, failures = threading.Event(), []
 
     def other_models():
@@ -43,7 +43,7 @@ def test_crash_fails_in_flight_request_and_the_instance_comes_back(start_server,
         status, _, raw = server.post("/v2/models/crash/infer", _x(-1))
         assert status == 500
         error = orjson.loads(raw)["error"]
-        assert "model 'crash' instance 'crash_0_0'" in error
+        assert "model 'crash' instance 'crash_0'" in error
         assert f"(pid {first_pid}) was killed by SIGKILL while running this request" in error
         # the model stays READY while its instance restarts; the next request waits for it
         assert server.get("/v2/models/crash/ready")[0] == 200
@@ -54,10 +54,10 @@ def test_crash_fails_in_flight_request_and_the_instance_comes_back(start_server,
         stop.set()
         thread.join()
     assert not failures, failures[:3]
-    new_pid = _worker_pids(server, "crash_0_0")[-1]
+    new_pid = _worker_pids(server, "crash_0")[-1]
     assert new_pid != first_pid
     assert not os.path.exists(f"/proc/{first_pid}/status") or "zombie" in open(f"/proc/{first_pid}/status").read()
-    restart = f"crash_0_0 of model 'crash' version 1 (pid {first_pid}) was killed by SIGKILL; restarting it"
+    restart = f"crash_0 of model 'crash' version 1 (pid {first_pid}) was killed by SIGKILL; restarting it"
     assert restart in server.log()
 
 
@@ -153,4 +153,4 @@ def test_a_model_stuck_in_initialize_fails_its_load(start_server, tmp_path):
                 "    def initialize(self, args):\n        threading.Event().wait()\n", X_TO_Y_CONFIG)
     server = start_server([tmp_path / "repo"], "--model-load-timeout-secs", "1", wait=False)
     assert server.proc.wait(60) == 1
-    assert "instance 'stuck_0_0' did not finish loading within 1s (--model-load-timeout-secs)" in server.log()
+    assert "instance 'stuck_0' did not finish loading within 1s (--model-load-timeout-secs)" in server.log()

@@ -31,7 +31,7 @@ MIB = 1 << 20
 
 
 def _worker_rss(server) -> int:
-    (pid,) = re.findall(r"worker alloc_0_0 of model 'alloc' version 1 is ready \(pid (\d+)\)", server.log())
+    (pid,) = re.findall(r"worker alloc_0 of model 'alloc' version 1 is ready \(pid (\d+)\)", server.log())
     with open(f"/proc/{pid}/status") as f:
         return int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1)) * 1024
 

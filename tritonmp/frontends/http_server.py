@@ -327,6 +327,7 @@ class HttpApp:
         await _send(send, 200, orjson.dumps(doc))
 
     async def shm_register(self, receive, send, kind: str, region: str) -> None:
+        self.dp.shm.check_allowed()  # before the body is read, as in Triton
         doc = await self._json_body(receive)
         if kind == "cuda":
             handle = doc.get("raw_handle")

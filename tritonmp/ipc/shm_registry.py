@@ -70,13 +70,13 @@ class SharedMemoryRegistry:
         self.allowed = allowed
         self.regions: dict[str, Region] = {}
 
-    def _check_allowed(self) -> None:
+    def check_allowed(self) -> None:
         if not self.allowed:
             raise ServerError("Client shared memory is disabled on this server; start it with "
                               "--allow-client-shm=true to use shared-memory regions", Status.UNAVAILABLE)
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        self._check_allowed()
+        self.check_allowed()
         if name in self.regions:
             raise ServerError(f"shared memory region '{name}' already in manager", Status.ALREADY_EXISTS)
         if not key:
@@ -92,7 +92,7 @@ class SharedMemoryRegistry:
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int,
                       gpus: list[int]) -> None:
-        self._check_allowed()
+        self.check_allowed()
         if name in self.regions:
             raise ServerError(f"shared memory region '{name}' already in manager", Status.ALREADY_EXISTS)
         if len(raw_handle) != IPC_HANDLE_SIZE:
@@ -122,7 +122,7 @@ class SharedMemoryRegistry:
 
     def resolve(self, name: str, offset: int, byte_size: int) -> ShmRef:
         """The window [offset, offset + byte_size) of region `name`, checked against its bounds."""
-        self._check_allowed()
+        self.check_allowed()
         region = self.regions.get(name)
         if region is None:
             raise not_found(f"Unable to find shared memory region: '{name}'")

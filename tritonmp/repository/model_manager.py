@@ -216,6 +216,8 @@ def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int], backen
             group = config.instance_group.add()
             group.kind = mc.ModelInstanceGroup.KIND_CPU
             group.count = total
+        if len(config.instance_group) == 1:
+            config.instance_group[0].name = config.name  # Triton names its default group after the model
         cfg.normalize(config)
     specs = []
     for group in config.instance_group:
