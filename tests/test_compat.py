@@ -185,6 +185,10 @@ def test_errors_match(pair, path, body):
 def test_successful_infer_is_identical(pair):
     ours, ref = _both(pair, "POST", "/v2/models/add_py/infer", _add_body(id="same"))
     assert ours == ref
+    # FP32 outputs are written as the doubles they are, to the same digits
+    body = _add_body(a={"data": [0.1, 0.2, 1e-3]})
+    answers = [server.post("/v2/models/add_py/infer", body) for server in pair]
+    assert answers[0][0] == answers[1][0] == 200 and answers[0][2] == answers[1][2]
 
 
 def test_statistics_have_the_same_shape(pair):

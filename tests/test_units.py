@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import hpack
 import numpy as np
+import orjson
 import pytest
 
 from tritonmp import datatypes
@@ -852,3 +853,21 @@ def test_model_versions_are_read_as_stol_reads_them():
     with pytest.raises(ServerError) as e:
         parse_version("-3")
     assert e.value.message == "invalid model version specified '-3' , version should be an integral value > 0"
+
+
+def test_json_outputs_small_and_large_are_written_alike_fp32_as_doubles():
+    from tritonmp.frontends.http_codec import SMALL_JSON_OUTPUT, _json_values
+
+    for dt in ("FP32", "FP64", "INT8", "UINT8", "INT16", "UINT16", "INT32", "UINT32", "INT64", "UINT64"):
+        dtype = datatypes.NUMPY_OF[dt]
+        info = np.finfo(dtype) if dt.startswith("FP") else np.iinfo(dtype)
+        values = np.array([0, 1, info.min, info.max] + ([0.1, 1e-3, -2.5] if dt.startswith("FP") else []), dtype)
+        small = values.tobytes()
+        large = np.resize(values, SMALL_JSON_OUTPUT // values.itemsize + 1).tobytes()
+        for data in (small, memoryview(small), large):
+            written = orjson.loads(orjson.dumps(_json_values(Tensor("t", dt, [-1], data, {})),
+                                                option=orjson.OPT_SERIALIZE_NUMPY))
+            expected = np.frombuffer(data, dtype).tolist()  # Python ints, or the values as doubles
+            assert written == expected, dt
+    tenth = Tensor("t", "FP32", [1], np.float32(0.1).tobytes(), {})
+    assert orjson.dumps(_json_values(tenth)) == b"[0.10000000149011612]"
