@@ -48,6 +48,10 @@ BAD = {
     "version past 64 bits": ("/v2/models/add/versions/9223372036854775808/infer", b"{", 400,
                              "failed to get model version from specified version string '9223372036854775808' "
                              "(details: stol), version should be an integral value > 0"),
+    "an input too many": ("/v2/models/add/infer", orjson.dumps({"inputs": orjson.loads(_add_body())["inputs"] + [
+        {"name": "Q", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}), 400,
+        "expected 2 inputs but got 3 inputs for model 'add'. Got input(s) ['A','B','Q'], but missing required "
+        "input(s) ]. Please provide all required input(s)."),  # Triton's "]" when none is missing
     "unknown output": ("/v2/models/add/infer", _add_body(outputs=[{"name": "Q"}]), 400,
                        "unexpected inference output 'Q' for model 'add'"),
     "data shorter than shape": ("/v2/models/add/infer", _add_body(a_data=(1, 2)), 400,

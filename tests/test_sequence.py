@@ -42,6 +42,28 @@ def test_sequence_errors(server):
         _send(client, httpclient, 1, sequence_id=44)  # it ended
 
 
+def test_a_batch_of_two_and_a_string_id_for_a_numeric_corrid_are_refused(server):
+    import orjson
+
+    def post(rows, **params):
+        body = {"inputs": [{"name": "X", "shape": [rows, 1], "datatype": "INT32", "data": [1] * rows}],
+                "parameters": params}
+        status, _, raw = server.post("/v2/models/accumulate/infer", orjson.dumps(body))
+        return status, orjson.loads(raw).get("error")
+
+    batch_size = (400, "inference request to model 'accumulate' must specify batch-size 1 due to requirements of "
+                       "sequence batcher")  # Triton's check, before the correlation ID's
+    assert post(2) == batch_size
+    assert post(2, sequence_id=55, sequence_start=True) == batch_size
+    string_id = (400, "sequence ID 's1' is a string, but model 'accumulate' takes its correlation ID (its "
+                      "CONTROL_SEQUENCE_CORRID input) as UINT64: send an integer sequence_id, or declare that "
+                      "control TYPE_STRING")
+    assert post(1, sequence_id="s1", sequence_start=True) == string_id
+    assert post(1, sequence_id="s1") == string_id
+    client = httpclient.InferenceServerClient(server.url)
+    assert _send(client, httpclient, 4, sequence_id=55, sequence_start=True, sequence_end=True) == (4, 55)
+
+
 def test_idle_sequences_are_released(server):
     client = httpclient.InferenceServerClient(server.url)
     _send(client, httpclient, 1, sequence_id=55, sequence_start=True)

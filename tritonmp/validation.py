@@ -124,11 +124,11 @@ def _check_in_order(request: InferRequest, model: str, max_batch_size: int, inpu
         raise invalid(f"{prefix}input names must be unique for model '{model}'")
     if missing or len(given) > len(inputs):
         got = ",".join(f"'{n}'" for n in sorted(given))
-        miss = ",".join(f"'{n}'" for n in missing)
+        miss = "[" + ",".join(f"'{n}'" for n in missing) if missing else ""  # none missing: Triton writes "]"
         expected = f"{len(required)} inputs" if len(required) == len(inputs) else \
             f"number of inputs between {len(required)} and {len(inputs)}"  # Triton's words with optional inputs
         raise invalid(f"{prefix}expected {expected} but got {len(request.inputs)} inputs for model "
-                      f"'{model}'. Got input(s) [{got}], but missing required input(s) [{miss}]. Please "
+                      f"'{model}'. Got input(s) [{got}], but missing required input(s) {miss}]. Please "
                       "provide all required input(s).")
     for t in request.inputs:
         if t.name not in inputs:

@@ -57,6 +57,9 @@ class SequenceScheduler:
         self.model = config.name
         sb = config.sequence_batching
         self.controls = [(c.name, control) for c in sb.control_input for control in c.control]
+        numeric = [mc.DataType.Name(control.data_type)[len("TYPE_"):] for _, control in self.controls
+                   if control.kind == Kind.CONTROL_SEQUENCE_CORRID and control.data_type != mc.TYPE_STRING]
+        self.numeric_corrid = numeric[0] if numeric else ""  # the CORRID input's numeric type, if it has one
         self.idle_secs = (sb.max_sequence_idle_microseconds or 1_000_000) / 1e6
         self.batched = config.max_batch_size > 0
         self.per_instance = max(1, config.max_batch_size)  # sequences an instance holds at once
@@ -73,11 +76,19 @@ class SequenceScheduler:
         return [r for s in self.sequences.values() for r in s.pending]
 
     def _ids(self, request: InferRequest):
+        """The request's correlation ID and START and END flags, refused as Triton refuses them."""
+        if self.batched and request.batch_size != 1:
+            raise invalid(f"inference request to model '{self.model}' must specify batch-size 1 due to requirements "
+                          "of sequence batcher")
         p = request.parameters or {}
         corrid = p.get("sequence_id", 0)
         if corrid in (0, "", None):
             raise invalid(f"inference request to model '{self.model}' must specify a non-zero or non-empty "
                           "correlation ID")
+        if type(corrid) is str and self.numeric_corrid:
+            raise invalid(f"sequence ID '{corrid}' is a string, but model '{self.model}' takes its correlation ID "
+                          f"(its CONTROL_SEQUENCE_CORRID input) as {self.numeric_corrid}: send an integer "
+                          "sequence_id, or declare that control TYPE_STRING")
         return corrid, bool(p.get("sequence_start", False)), bool(p.get("sequence_end", False))
 
     def submit(self, request: InferRequest) -> asyncio.Future:
