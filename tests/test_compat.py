@@ -86,6 +86,7 @@ def compat_repo(tmp_path_factory):
     shutil.copytree(TEST_MODELS / "batch_report", repo / "batch_report")
     shutil.copytree(TEST_MODELS / "repeat", repo / "repeat")
     shutil.copytree(TEST_MODELS / "accumulate", repo / "accumulate")
+    shutil.copytree(TEST_MODELS / "fail", repo / "fail")
     return repo
 
 
@@ -191,6 +192,24 @@ def test_successful_infer_is_identical(pair):
     body = _add_body(a={"data": [0.1, 0.2, 1e-3]})
     answers = [server.post("/v2/models/add_py/infer", body) for server in pair]
     assert answers[0][0] == answers[1][0] == 200 and answers[0][2] == answers[1][2]
+
+
+def test_statistics_count_alike(pair):
+    """The same traffic, the same counts: an execute() that raises, a model's own error response, and
+    successes (durations aside)."""
+    for server in pair:
+        for x in (0, 1, 3, 5, 5):  # raises, two error responses of its own, two successes
+            server.post("/v2/models/fail/infer", orjson.dumps(
+                {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [x]}]}))
+
+    def counts(doc):
+        if isinstance(doc, dict):
+            return {k: counts(v) for k, v in doc.items() if k not in ("ns", "last_inference")}
+        return [counts(v) for v in doc] if isinstance(doc, list) else doc
+
+    ours, ref = _both(pair, "GET", "/v2/models/fail/stats")
+    assert ours[0] == ref[0] == 200 and counts(ours[1]) == counts(ref[1])
+    assert ours[1]["model_stats"][0]["execution_count"] == 5
 
 
 def test_statistics_have_the_same_shape(pair):

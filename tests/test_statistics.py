@@ -64,6 +64,22 @@ def test_failures_inside_the_model_count_as_fail(server):
     assert after == before + 1
 
 
+def test_a_python_models_executions_and_error_responses_count_as_in_triton(start_server, test_repo):
+    """A raising execute() fails its requests but is an execution all the same; a response the model
+    itself sends with an error is a success (Triton's python backend counts it so); queue and
+    compute times count for successes only."""
+    server = start_server([test_repo], "--model-control-mode=explicit", "--load-model", "fail")
+    for x in (0, 1, 5, 5):
+        body = orjson.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [x]}]})
+        assert server.post("/v2/models/fail/infer", body)[0] == {0: 500, 1: 400, 5: 200}[x]
+    (entry,) = _stats(server, "/v2/models/fail/stats")["model_stats"]
+    counts = {k: v["count"] for k, v in entry["inference_stats"].items()}
+    assert (entry["inference_count"], entry["execution_count"]) == (3, 4)
+    assert counts == {"success": 3, "fail": 1, "queue": 3, "compute_input": 3, "compute_infer": 3,
+                      "compute_output": 3, "cache_hit": 0, "cache_miss": 0}
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in entry["batch_stats"]] == [(1, 4)]
+
+
 def test_all_models_and_unknown_models(server):
     names = {e["name"] for e in _stats(server, "/v2/models/stats")["model_stats"]}
     assert {"add", "add_py", "identity"} <= names

@@ -36,6 +36,7 @@ class InferRequest:
     batch_size: int = 0
     shape_key: tuple = ()
     arrival_ns: int = 0
+    queue_ns: int = 0  # how long it waited in the queue, once it is sent to an instance
     future: asyncio.Future | None = None
     trace: object = None  # a tracing.Trace when this request is sampled
     priority: int = 0  # the scheduler's priority level

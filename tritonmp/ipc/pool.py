@@ -368,10 +368,11 @@ class Instance:
 
     def _close_stream(self, request: InferRequest, error: ServerError | None) -> None:
         if request.stream is None:  # a request that waited for its response sender's one response
-            self._answer(request, error, self.pool.stats)
+            self._answer(request, error, self.pool.stats, own_ok=not self.pool.merge)
             return
         ok = error is None
-        self.pool.stats.finished(ok, request.batch_size, time.monotonic_ns() - request.arrival_ns)
+        self.pool.stats.finished(ok, request.batch_size, time.monotonic_ns() - request.arrival_ns,
+                                 queue_ns=request.queue_ns)
         if error is not None:
             request.stream.put_nowait(error)
         request.stream.put_nowait(None)
@@ -454,9 +455,8 @@ class Instance:
         self.batch_id += 1
         self.batch = batch
         now = time.monotonic_ns()
-        stats = self.pool.stats if not self.warming else ModelStats("warmup", 0)
         for request in batch:
-            stats.queued(now - request.arrival_ns)
+            request.queue_ns = now - request.arrival_ns
             if request.trace is not None:
                 request.trace.mark("COMPUTE_START", now)
         if self.pool.decoupled or self.pool.senders:
@@ -516,8 +516,8 @@ class Instance:
             return
         pool = self.pool
         if pool.decoupled:  # the responses come as STREAM messages; this only ends the execution
-            pool.stats.executed(sum(r.batch_size for r in batch), len(batch), self.encode_ns + result.input_ns,
-                                result.infer_ns, result.output_ns)
+            pool.stats.executed(sum(r.batch_size for r in batch), 0 if result.error else len(batch),
+                                self.encode_ns + result.input_ns, result.infer_ns, result.output_ns)
             if result.error:
                 for index, request in enumerate(batch):
                     if self.streams.pop((result.batch_id, index), None) is not None:
@@ -533,9 +533,11 @@ class Instance:
         responses = batching.decode(result, batch, pool.merge, frames, self.outputs.reader(), pool.output_types,
                                     pool.model_name, str(pool.version))
         now = time.monotonic_ns()
-        if not result.error:
-            stats.executed(sum(r.batch_size for r in batch), len(batch), self.encode_ns + result.input_ns,
-                                result.infer_ns, result.output_ns + now - started)
+        # a python model's own error response counts as a success, as Triton's python backend counts it
+        own_ok = not pool.merge
+        failed = sum(1 for r in responses if type(r) is ServerError and not (own_ok and r.from_model))
+        stats.executed(sum(r.batch_size for r in batch), len(batch) - failed, self.encode_ns + result.input_ns,
+                       result.infer_ns, result.output_ns + now - started)
         for request in batch:
             if request.trace is not None:
                 t = request.trace
@@ -557,14 +559,16 @@ class Instance:
                 if self.streams.pop((result.batch_id, index), None) is None:
                     continue  # already answered through its response sender
                 request.future.remove_done_callback(self._watch_cancel)  # its client is answered here
-            self._answer(request, response, stats, now)
+            self._answer(request, response, stats, now, own_ok)
         pool.put_idle(self)
 
     @staticmethod
     def _answer(request: InferRequest, response: InferResponse | ServerError, stats: ModelStats,
-                now: int = 0) -> None:
+                now: int = 0, own_ok: bool = False) -> None:
+        """Settle a request's future; `own_ok`: the model's own error response counts as a success."""
         failed = isinstance(response, ServerError)
-        stats.finished(not failed, request.batch_size, (now or time.monotonic_ns()) - request.arrival_ns)
+        stats.finished(not failed or (own_ok and response.from_model), request.batch_size,
+                       (now or time.monotonic_ns()) - request.arrival_ns, queue_ns=request.queue_ns)
         if request.future.done():
             return
         if failed:

@@ -35,13 +35,10 @@ class ModelStats:
         self.counts[kind] += count
         self.ns[kind] += ns * count
 
-    def queued(self, wait_ns: int) -> None:
-        self.counts["queue"] += 1  # _add and the bucket written out: this runs for every request
-        self.ns["queue"] += wait_ns
-        self.queue_buckets[bisect_left(LATENCY_BUCKETS_US, wait_ns / 1000)] += 1
-
     def executed(self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
-        """One execution of `requests` requests totalling `batch_size` rows."""
+        """One execution of a batch of `batch_size` rows, of which `requests` requests succeeded. As
+        in Triton, every execution counts (one that failed too), and a request's compute times count
+        in its inference statistics only when it succeeded."""
         self.execution_count += 1
         self.last_inference_ms = int(time.time() * 1000)
         self._add("compute_input", input_ns, requests)
@@ -62,13 +59,17 @@ class ModelStats:
     def cache_miss(self, insert_ns: int) -> None:
         self._add("cache_miss", insert_ns)
 
-    def finished(self, ok: bool, batch_size: int, duration_ns: int, reason: str = "BACKEND") -> None:
+    def finished(self, ok: bool, batch_size: int, duration_ns: int, reason: str = "BACKEND", queue_ns: int = 0) -> None:
         """A request that reached the queue is done; `reason` says why it failed (Triton's labels:
-        REJECTED, CANCELED, BACKEND, OTHER)."""
-        if ok:  # _add and the bucket written out: this runs for every request
+        REJECTED, CANCELED, BACKEND, OTHER). Its time in the queue counts when it succeeded, as in
+        Triton."""
+        if ok:  # _add and the buckets written out: this runs for every request
             self.counts["success"] += 1
             self.ns["success"] += duration_ns
             self.inference_count += batch_size
+            self.counts["queue"] += 1
+            self.ns["queue"] += queue_ns
+            self.queue_buckets[bisect_left(LATENCY_BUCKETS_US, queue_ns / 1000)] += 1
         else:
             self._add("fail", duration_ns)
             self.failures[reason] = self.failures.get(reason, 0) + 1
