@@ -10,6 +10,7 @@ import os
 import sys
 
 from . import __version__, triton_flags
+from .frontends.header_forwarding import compile_pattern
 from .frontends.http_protocol import Limits
 from .frontends.restricted import GRPC_HEADER_PREFIX, Restrictions
 
@@ -154,6 +155,8 @@ def serve(argv: list[str]) -> int:
                                          GRPC_HEADER_PREFIX)
         max_batch_sizes = triton_flags.default_max_batch_sizes(triton_flags.backend_settings(args.backend_config, log))
         grpcio_options = triton_flags.grpcio_options(args)
+        compile_pattern(args.http_header_forward_pattern, "--http-header-forward-pattern")
+        compile_pattern(args.grpc_header_forward_pattern, "--grpc-header-forward-pattern")
     except ValueError as e:
         log.error("%s", e)
         return 1
@@ -203,6 +206,7 @@ def serve(argv: list[str]) -> int:
     limits = Limits(args.http_header_timeout_secs, args.http_body_timeout_secs, args.http_keepalive_timeout_secs,
                     args.max_connections)
     http = KServeHttp.Options(args.http_address, args.http_port, restricted_features=http_restrictions,
+                              header_forward_pattern=args.http_header_forward_pattern,
                               max_input_size=args.http_max_input_size, limits=limits,
                               graceful_timeout=args.exit_timeout_secs)
     grpc = KServeGrpc.Options(
@@ -214,6 +218,7 @@ def serve(argv: list[str]) -> int:
         http2_min_recv_ping_interval_without_data_ms=args.grpc_http2_min_recv_ping_interval_without_data,
         http2_max_ping_strikes=args.grpc_http2_max_ping_strikes, max_connection_age_ms=args.grpc_max_connection_age,
         max_connection_age_grace_ms=args.grpc_max_connection_age_grace, restricted_features=grpc_restrictions,
+        forward_header_pattern=args.grpc_header_forward_pattern,
         max_input_size=args.grpc_max_input_size, max_connections=args.max_connections,
         preface_timeout_s=args.http_header_timeout_secs, engine=args.grpc_engine, grpcio_options=grpcio_options)
     metrics = Metrics.Options(args.metrics_address, args.metrics_port, limits=limits)

@@ -17,8 +17,6 @@ IGNORED = {
     "--enable-peer-access": "CUDA peer access is the CUDA runtime's default for each worker",
     "--reuse-http-port": "the HTTP port is bound by this process alone",
     "--reuse-grpc-port": "the gRPC port is bound by this process alone",
-    "--http-header-forward-pattern": "request headers are not forwarded to models",
-    "--grpc-header-forward-pattern": "request headers are not forwarded to models",
     "--http-thread-count": "HTTP is served by the frontend's event loop, not a thread pool",
     "--grpc-infer-allocation-pool-size": "gRPC responses are not pooled",
     "--grpc-infer-response-compression-level": "responses are sent uncompressed",
@@ -58,6 +56,10 @@ def add_to(parser: argparse.ArgumentParser) -> None:
                         help="only requests with the header KEY: VALUE reach these API groups (Triton's flag)")
     parser.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="PROTOCOLS:KEY=VALUE",
                         help="only calls with the metadata triton-grpc-protocol-KEY: VALUE reach these groups")
+    parser.add_argument("--http-header-forward-pattern", default="", metavar="REGEX",
+                        help="HTTP request headers whose name this matches reach the model as request parameters")
+    parser.add_argument("--grpc-header-forward-pattern", default="", metavar="REGEX",
+                        help="gRPC request metadata whose key this matches reach the model as request parameters")
     parser.add_argument("--id", default="triton", help="the server's name in its metadata")
     parser.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]SETTING=VALUE",
                         help="Triton's backend settings: default-max-batch-size is honoured, others are ignored")

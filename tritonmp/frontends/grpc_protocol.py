@@ -103,6 +103,12 @@ def _deadline(value: bytes | None) -> float | None:
 CALL_METADATA: contextvars.ContextVar = contextvars.ContextVar("grpc_call_metadata", default=())
 
 
+def metadata_items():
+    """The request metadata of the current call, (key, value) pairs, whatever the engine."""
+    metadata = CALL_METADATA.get()
+    return metadata.items() if isinstance(metadata, dict) else metadata
+
+
 def metadata_value(name: str) -> str:
     """A request metadata value of the current call ("" when absent), whatever the engine."""
     metadata = CALL_METADATA.get()
@@ -349,6 +355,7 @@ class _Call(http2.StreamHandler):
             self._failed(e)
 
     async def _unary(self, request) -> None:
+        CALL_METADATA.set(self.stream.headers)  # in the call's own task
         data = self._frame(await self.method.handler(await self._message(request)))
         if not self._send_now(data):
             await self._send_rest(data)

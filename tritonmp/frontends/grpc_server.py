@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 
 import grpc
 from google.protobuf import json_format
@@ -19,7 +20,17 @@ from .. import __version__
 from ..dataplane import Dataplane
 from ..errors import ServerError, Status
 from . import grpc_codec
-from .grpc_protocol import CALL_METADATA, Code, GrpcServer, Method, RpcError, metadata_value, server_ssl_context
+from .grpc_protocol import (
+    CALL_METADATA,
+    Code,
+    GrpcServer,
+    Method,
+    RpcError,
+    metadata_items,
+    metadata_value,
+    server_ssl_context,
+)
+from .header_forwarding import forwarded
 from .http2 import Keepalive
 from .restricted import GRPC_GROUP, Restrictions, grpc_message
 
@@ -44,9 +55,16 @@ DEFAULT_MAX_INPUT_SIZE = (1 << 31) - 1  # --grpc-max-input-size: Triton's limit,
 class InferenceService:
     """Triton's RPCs as plain coroutines: a request message in, a response message out."""
 
-    def __init__(self, dataplane: Dataplane, extensions: list[str]):
+    def __init__(self, dataplane: Dataplane, extensions: list[str], forward: re.Pattern | None = None):
         self.dp = dataplane
         self.extensions = extensions
+        self.forward = forward  # the request metadata that reaches models (--grpc-header-forward-pattern)
+
+    def _forward(self, request) -> None:
+        """Add the call's forwarded metadata to an infer request's parameters (after its own, as
+        Triton adds them)."""
+        if self.forward is not None:
+            request.parameters.update(forwarded(self.forward, metadata_items()))
 
     async def ServerLive(self, request):
         return pb.ServerLiveResponse(live=self.dp.live())
@@ -77,6 +95,7 @@ class InferenceService:
         msg = grpc_codec.request_message(request)
         self.dp.model_for(msg.model_name, msg.model_version, "ModelInfer RPC")  # first, as in Triton
         core = grpc_codec.decode_infer(request)
+        self._forward(core)
         return grpc_codec.encode_infer_wire(await self.dp.infer(core, "ModelInfer RPC"))
 
     def start_infer(self, request) -> asyncio.Future:
@@ -156,6 +175,7 @@ class InferenceService:
             try:
                 self.dp.models.get(msg.model_name, msg.model_version)  # first, as in Triton
                 request = grpc_codec.decode_infer(item)
+                self._forward(request)
                 send_empty = request.empty_final
                 async for item in self.dp.infer_stream(request):
                     if isinstance(item, ServerError):  # one failed response; more may follow
@@ -254,7 +274,8 @@ def methods(service: InferenceService) -> dict[str, Method]:
         streaming = m.client_streaming or m.server_streaming
         parse = grpc_codec.parse_infer_request if m.input_type.name == "ModelInferRequest" else None
         start = finish = None
-        if m.name == "ModelInfer":  # answered from the dataplane's future, without a task per call
+        if m.name == "ModelInfer" and service.forward is None:  # answered from the dataplane's future, without
+            # a task per call (forwarding metadata takes the task, in which the call's metadata is known)
             start, finish = service.start_infer, service.finish_infer
         table[f"/{SERVICE}/{m.name}"] = Method(getattr(pb, m.input_type.name),
                                                handler if streaming else _errors_to_status(handler), streaming, parse,
@@ -305,6 +326,7 @@ def _grpcio_handler(method: Method, path: str, guard=None):
         return grpc.stream_stream_rpc_method_handler(stream, None, serialize)
 
     async def unary(request, context):
+        CALL_METADATA.set(tuple(context.invocation_metadata() or ()))
         await refuse_restricted(context)
         try:
             return await method.handler(parse(request))
@@ -365,10 +387,11 @@ def restriction_guard(restrictions: Restrictions | None):
 async def start(dataplane: Dataplane, extensions: list[str], address: str, port: int,
                 tls: dict | None = None, engine: str = "builtin", keepalive: Keepalive | None = None,
                 grpcio_options: list | None = None, restrictions: Restrictions | None = None,
-                max_input_size: int = DEFAULT_MAX_INPUT_SIZE, max_connections: int = 0):
+                max_input_size: int = DEFAULT_MAX_INPUT_SIZE, max_connections: int = 0,
+                forward: re.Pattern | None = None):
     """A started gRPC server (with `stop(grace)`); `tls` holds server_cert, server_key, root_cert
-    and mutual."""
-    table = methods(InferenceService(dataplane, extensions))
+    and mutual; `forward`: the request metadata that reaches models as infer request parameters."""
+    table = methods(InferenceService(dataplane, extensions, forward))
     guard = restriction_guard(restrictions)
     if engine == "grpcio":
         server = _GrpcioServer(table, grpcio_options, guard, max_input_size)

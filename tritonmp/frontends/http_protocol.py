@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import resource
 import weakref
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..errors import ServerError, unavailable
 from ..ipc.buffers import RECEIVE_POOL
+from .header_forwarding import forwarded
 
 log = logging.getLogger("tritonmp.http")
 
@@ -59,6 +61,7 @@ def default_max_connections() -> int:
 
 LARGE_BODY = 64 * 1024  # a body this large, of a declared length, is received into one buffer
 BODY_KEY = "tritonmp.body"  # the request scope's key of its ReceivedBody
+FORWARDED_KEY = "tritonmp.forwarded"  # the request scope's key of the headers that reach the model
 
 
 class ReceivedBody:
@@ -217,6 +220,8 @@ class FastInfer:
             mv = app.dp.model_for(self.model, self.version, "HTTP end point")  # before the body, as Triton
             self.request, self.binary_default = app.decode_infer(body, self.header_length, self.model,
                                                                  self.version, mv)
+            if self.protocol.forwarded:  # after the request's own parameters, as in Triton
+                self.request.parameters.update(self.protocol.forwarded)
             future = app.dp.submit(self.request, "HTTP end point", mv)
         except Exception as e:  # noqa: BLE001 - answered as the ASGI path answers it
             self._failed(e)
@@ -307,6 +312,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     limits = Limits()
     max_body = 0  # the largest body received into one buffer (the application's input limit); 0: none
     fast_app = None  # the HttpApp whose infer route FastInfer serves; None: every request takes ASGI
+    forward = None  # the pattern of the request headers that reach models (ForwardingHttpProtocol)
+    forwarded: dict | None = None  # the request's headers that reach its model, as parameters
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         self._guard: asyncio.TimerHandle | None = None  # fires at or before the deadline
@@ -523,11 +530,35 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.on_response_complete()
 
 
-def protocol_class(limits: Limits, max_body: int = 0, fast_app=None) -> type[GuardedHttpProtocol]:
+class ForwardingHttpProtocol(GuardedHttpProtocol):
+    """The protocol of a listener that forwards request headers to models
+    (--http-header-forward-pattern): it keeps each request's header names as they were sent, and
+    the parameters they make (`forwarded`, also in an ASGI request's scope)."""
+
+    forward: re.Pattern  # set by protocol_class
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.sent_headers: list = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        self.sent_headers.append((name, value.rstrip(b" \t")))
+
+    def on_headers_complete(self) -> None:
+        self.forwarded = forwarded(self.forward, self.sent_headers)
+        super().on_headers_complete()
+        if type(self.cycle) is not FastInfer and getattr(self, "scope", None) is not None:
+            self.scope[FORWARDED_KEY] = self.forwarded
+
+
+def protocol_class(limits: Limits, max_body: int = 0, fast_app=None,
+                   forward: re.Pattern | None = None) -> type[GuardedHttpProtocol]:
     """The protocol class for one listener with these limits (uvicorn takes a class); bodies up to
     `max_body` bytes are received into one buffer each; `fast_app`'s infer route is served without
-    ASGI where it can be."""
+    ASGI where it can be; `forward`: the headers that reach models as request parameters."""
     if fast_app is not None and fast_app.restrictions:
         fast_app = None  # every request's headers are looked at by the ASGI app
-    return type("GuardedHttpProtocol", (GuardedHttpProtocol,),
-                {"limits": limits, "max_body": max_body, "fast_app": fast_app})
+    base = GuardedHttpProtocol if forward is None else ForwardingHttpProtocol
+    return type(base.__name__, (base,), {"limits": limits, "max_body": max_body, "fast_app": fast_app,
+                                         "forward": forward})

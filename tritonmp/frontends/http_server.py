@@ -20,7 +20,7 @@ from .. import __version__
 from ..dataplane import EXTENSIONS, Dataplane
 from ..errors import ServerError, invalid, too_large, unsupported
 from . import generate, http_codec, json_offload
-from .http_protocol import BODY_KEY, JSON_HEADERS, ReceivedBody, binary_headers
+from .http_protocol import BODY_KEY, FORWARDED_KEY, JSON_HEADERS, ReceivedBody, binary_headers
 from .inflate import TooLarge, inflate
 from .restricted import HTTP_GROUP, Restrictions, http_message
 
@@ -371,6 +371,9 @@ class HttpApp:
             request, binary_default = await json_offload.decode_infer(body, model, version)
         else:
             request, binary_default = self.decode_infer(body, header_length, model, version, mv)
+        forwarded = scope.get(FORWARDED_KEY)
+        if forwarded:  # after the request's own parameters, as in Triton
+            request.parameters.update(forwarded)
         response = await self.dp.infer(request, "HTTP end point")  # looked up again: the body took a while
         headers, out = self.encode_infer(response, request, binary_default, accept_encoding)
         await _send(send, 200, out, headers)

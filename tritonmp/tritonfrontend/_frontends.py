@@ -18,6 +18,7 @@ import uvicorn
 
 from ..dataplane import EXTENSIONS
 from ..frontends import grpc_server
+from ..frontends.header_forwarding import compile_pattern
 from ..frontends.http2 import Keepalive
 from ..frontends.http_protocol import Limits, default_max_connections, protocol_class
 from ..frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpApp
@@ -129,8 +130,9 @@ class _Service:
         return sock
 
     def _serve_asgi(self, app, limits: Limits, graceful_timeout: float | None = None, max_body: int = 0,
-                    fast_app=None) -> tuple[uvicorn.Server, asyncio.Task]:
-        config = uvicorn.Config(app, loop="none", http=protocol_class(limits, max_body, fast_app), lifespan="off",
+                    fast_app=None, forward=None) -> tuple[uvicorn.Server, asyncio.Task]:
+        config = uvicorn.Config(app, loop="none", http=protocol_class(limits, max_body, fast_app, forward),
+                                lifespan="off",
                                 access_log=False, server_header=False,  # Triton sends no Server header either
                                 log_level="warning", timeout_keep_alive=limits.keepalive_timeout,
                                 timeout_graceful_shutdown=graceful_timeout)
@@ -183,9 +185,10 @@ class KServeHttp(_Service):
         _Service._check(options)
         if options.thread_count <= 0:
             raise InvalidArgumentError("thread_count must be greater than 0")
-        if options.header_forward_pattern:
-            raise UnsupportedError("header_forward_pattern: request headers are not forwarded to models by this "
-                                   "server")
+        try:
+            compile_pattern(options.header_forward_pattern, "header_forward_pattern")
+        except ValueError as e:
+            raise InvalidArgumentError(str(e)) from None
         if options.max_input_size <= 0:
             raise InvalidArgumentError("max_input_size must be greater than 0")
 
@@ -193,7 +196,8 @@ class KServeHttp(_Service):
         o = self.options
         restrictions = _restrictions(o.restricted_features, "restricted_features")
         app = HttpApp(core.dataplane, restrictions, o.max_input_size)
-        return self._serve_asgi(app, o.limits, o.graceful_timeout, max_body=o.max_input_size, fast_app=app)
+        return self._serve_asgi(app, o.limits, o.graceful_timeout, max_body=o.max_input_size, fast_app=app,
+                                forward=compile_pattern(o.header_forward_pattern, "header_forward_pattern"))
 
     _stop = staticmethod(_Service._stop_asgi)
 
@@ -248,9 +252,10 @@ class KServeGrpc(_Service):
         _Service._check(options)
         if options.reuse_port:
             raise UnsupportedError("reuse_port: the gRPC service binds its port alone in this server")
-        if options.forward_header_pattern:
-            raise UnsupportedError("forward_header_pattern: request headers are not forwarded to models by this "
-                                   "server")
+        try:
+            compile_pattern(options.forward_header_pattern, "forward_header_pattern")
+        except ValueError as e:
+            raise InvalidArgumentError(str(e)) from None
         if int(options.infer_compression_level) != 0:
             raise UnsupportedError("infer_compression_level: responses are not compressed by this server")
         if options.use_ssl and not (options.server_cert and options.server_key):
@@ -275,7 +280,8 @@ class KServeGrpc(_Service):
         restrictions = _restrictions(o.restricted_features, "restricted_features", GRPC_HEADER_PREFIX)
         return await grpc_server.start(core.dataplane, EXTENSIONS, o.address, o.port, tls, o.engine, keepalive,
                                        o.grpcio_options, restrictions, o.max_input_size,
-                                       o.max_connections or default_max_connections())
+                                       o.max_connections or default_max_connections(),
+                                       compile_pattern(o.forward_header_pattern, "forward_header_pattern"))
 
     @staticmethod
     async def _stop(running, deadline: float) -> None:
