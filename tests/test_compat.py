@@ -706,3 +706,40 @@ def test_grpc_version_strings_are_read_alike(pair):
             except InferenceServerException as e:
                 answers.append((e.status(), e.message()))
         assert answers[0] == answers[1], version
+
+
+PARAMETERS_AS_OUTPUT_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("P", np.array([r.parameters()], dtype=object))])
+                for r in requests]
+"""
+PARAMETERS_AS_OUTPUT_CONFIG = ('backend: "python"\nmax_batch_size: 0\n'
+                               'input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+                               'output [ { name: "P", data_type: TYPE_STRING, dims: [ 1 ] } ]\n')
+
+
+def test_forwarded_headers_reach_the_model_alike(tmp_path):
+    """What the model reads of its request's parameters (Triton 2.51's python backend has no response
+    parameters, so the model answers them as an output)."""
+    write_model(tmp_path / "repo", "params", PARAMETERS_AS_OUTPUT_MODEL, PARAMETERS_AS_OUTPUT_CONFIG)
+    body = orjson.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [2]}],
+                         "parameters": {"own": 1}})
+    x = grpcclient.InferInput("X", [1], "FP32")
+    x.set_data_from_numpy(np.ones(1, np.float32))
+    with both_serving(tmp_path / "repo", tmp_path, ("--load-model=*", "--http-header-forward-pattern=Tenant",
+                                                     "--grpc-header-forward-pattern=^tenant")) as pair:
+        answers = []
+        for server in pair:
+            status, _, raw = http_request(server.http_port, "POST", "/v2/models/params/infer", body,
+                                          {"X-Tenant": "blue", "Tenant-Region": "eu", "X-Other": "no"})
+            assert status == 200, raw
+            via_http = orjson.loads(orjson.loads(raw)["outputs"][0]["data"][0])
+            client = grpcclient.InferenceServerClient(server.grpc_url)
+            result = client.infer("params", [x], headers={"tenant-id": "t1", "other": "no"})
+            answers.append((via_http, orjson.loads(result.as_numpy("P")[0])))
+        assert answers[0] == answers[1] == ({"own": 1, "X-Tenant": "blue", "Tenant-Region": "eu"}, {"tenant-id": "t1"})

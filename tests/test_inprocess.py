@@ -566,14 +566,15 @@ def test_options_without_a_counterpart_are_refused_not_ignored(server):
 
 
 def test_frontend_options_they_cannot_honour_are_refused(server):
-    unsupported = [(tritonfrontend.KServeHttp, tritonfrontend.KServeHttp.Options(header_forward_pattern="x-.*")),
-                   (tritonfrontend.KServeGrpc, tritonfrontend.KServeGrpc.Options(reuse_port=True)),
+    unsupported = [(tritonfrontend.KServeGrpc, tritonfrontend.KServeGrpc.Options(reuse_port=True)),
                    (tritonfrontend.KServeGrpc, tritonfrontend.KServeGrpc.Options(infer_compression_level=2))]
     for service, options in unsupported:
         with pytest.raises(tritonserver.UnsupportedError):
             service(server, options)
     invalid = [(tritonfrontend.KServeHttp, tritonfrontend.KServeHttp.Options(port=70000)),
                (tritonfrontend.KServeHttp, tritonfrontend.KServeHttp.Options(thread_count=0)),
+               (tritonfrontend.KServeHttp, tritonfrontend.KServeHttp.Options(header_forward_pattern="(x")),
+               (tritonfrontend.KServeGrpc, tritonfrontend.KServeGrpc.Options(forward_header_pattern="(x")),
                (tritonfrontend.KServeGrpc, tritonfrontend.KServeGrpc.Options(use_ssl=True)),
                (tritonfrontend.Metrics, tritonfrontend.Metrics.Options(thread_count=0))]
     for service, options in invalid:
