@@ -182,7 +182,7 @@ def decode_infer(body: bytes, header_length: int | None, model: str, version: st
             params = item.get("parameters") or {}
             if type(params) is not dict:
                 raise invalid(f"Unable to parse 'parameters' of output '{name}'")
-            if params:
+            if params and (len(params) != 1 or type(params.get("binary_data")) is not bool):  # else nothing to check
                 check_json_output(params)
             outputs.append(RequestedOutput(name, params))
     parameters = doc.get("parameters") or {}

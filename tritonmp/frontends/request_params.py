@@ -129,7 +129,8 @@ def check_json_output(params: dict) -> None:
     unsigned integer (0: none), not with shared memory."""
     if "binary_data" in params and type(params["binary_data"]) is not bool:
         raise _unparsable("binary_data", "boolean")
-    check_json_shared_memory(params)
+    if "shared_memory_region" in params or "shared_memory_offset" in params or "shared_memory_byte_size" in params:
+        check_json_shared_memory(params)
     count = params.get("classification")
     if count is None:
         return
