@@ -92,6 +92,38 @@ def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(server):
     assert b"99999999999 bytes exceeds the maximum allowed value" in reply
 
 
+def test_a_client_that_sends_its_whole_body_before_reading_gets_the_413(start_server, example_repo):
+    """With `Connection: close` (as urllib sends), the connection is shut for writing after the 413
+    and the rest of the body is read and dropped, so the client reads the answer instead of a reset;
+    a client that is slow to send the rest is closed LINGER_SECONDS later."""
+    import urllib.error
+    import urllib.request
+
+    from tritonmp.frontends.http_protocol import LINGER_SECONDS
+
+    server = start_server([example_repo], "--http-max-input-size=65536")
+    body = b"x" * (4 << 20)  # far more than the socket buffers hold
+    for _ in range(3):
+        request = urllib.request.Request(f"http://{server.url}/v2/models/add_py/infer", data=body, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=30)
+        assert e.value.code == 413 and b"exceeds the maximum allowed value of 65536" in e.value.read()
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as s:
+        s.sendall(b"POST /v2/models/add_py/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                  b"Content-Length: 99999999\r\n\r\n" + b"x" * 1000)
+        started = time.monotonic()
+        reply = b""
+        while chunk := s.recv(65536):  # the answer, then the end of the server's side
+            reply += chunk
+        assert reply.startswith(b"HTTP/1.1 413")
+        with pytest.raises(OSError):  # a slow client's next bytes, until the server closes its side too
+            while time.monotonic() - started < LINGER_SECONDS + 10:
+                s.sendall(b"x")
+                time.sleep(0.1)  # the pace of a slow client, not a wait for the server
+        assert LINGER_SECONDS - 0.5 < time.monotonic() - started < LINGER_SECONDS + 5
+    assert server.get("/v2/health/ready")[0] == 200
+
+
 def test_bodies_over_a_small_limit_are_refused_as_received_and_as_inflated(start_server, example_repo):
     server = start_server([example_repo], "--http-max-input-size=65536")
     big = b'{"inputs": [' + b" " * 70000 + b"]}"

@@ -3,7 +3,9 @@ lacks: a deadline for a request's headers (from the connection's first byte, or 
 request's first byte, so trickling them slowly does not help), a deadline for each piece of a
 request body once it has started, and a cap on open connections per listener (connections past it
 are closed at once, before they can use up the process's file descriptors). The keep-alive timeout
-between requests is uvicorn's own `timeout_keep_alive`.
+between requests is uvicorn's own `timeout_keep_alive`. A connection closed after an answer while
+its client is still sending the request's body (a 413) closes lingering: shut for writing, the rest
+dropped as it comes, for a bounded time and size, so that the client reads the answer.
 
 A large request body with a declared length within the listener's limit is received into one
 buffer of that length (`ReceivedBody`, in the request's scope) instead of uvicorn's ASGI body
@@ -127,7 +129,7 @@ class CoalescingTransport:
     once, not looked up each time)."""
 
     __slots__ = ("_transport", "loop", "_outbox", "_pending", "is_closing", "pause_reading", "resume_reading",
-                 "get_write_buffer_size")
+                 "get_write_buffer_size", "lingers")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
         self._transport = transport
@@ -141,6 +143,7 @@ class CoalescingTransport:
         self.pause_reading = transport.pause_reading
         self.resume_reading = transport.resume_reading
         self.get_write_buffer_size = transport.get_write_buffer_size
+        self.lingers = None  # asked before a close: True when the protocol closes the connection itself, later
 
     def write(self, data) -> None:
         if not self._pending:
@@ -159,7 +162,16 @@ class CoalescingTransport:
 
     def close(self) -> None:
         self.flush()
+        if self.lingers is None or not self.lingers():
+            self._transport.close()
+
+    def close_now(self) -> None:
+        self.flush()
         self._transport.close()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
 
     def __getattr__(self, name: str):
         return getattr(self._transport, name)
@@ -277,6 +289,25 @@ def binary_headers(json_length: int) -> KeptHeaders:
 
 _HEADS: dict = {}  # (status, id of KeptHeaders) -> (the default headers and own headers it was made with, head)
 _IDLE = "nothing (idle keep-alive)"  # the deadline between a connection's requests
+_LINGER = "the rest of a body it was answered for"  # the deadline of a lingering close
+LINGER_SECONDS = 2.0  # a lingering close drops what the client still sends for this long at most
+LINGER_BYTES = 256 << 20  # and this much at most
+
+
+class _Drain:
+    """The parser of a connection in a lingering close: what arrives is counted and dropped; past
+    LINGER_BYTES the connection is closed."""
+
+    __slots__ = ("transport", "dropped")
+
+    def __init__(self, transport: CoalescingTransport):
+        self.transport = transport
+        self.dropped = 0
+
+    def feed_data(self, data: bytes) -> None:
+        self.dropped += len(data)
+        if self.dropped > LINGER_BYTES:
+            self.transport.close_now()
 _INFER_PREFIX = b"/v2/models/"
 _INFER_SUFFIX = b"/infer"
 _MODEL_AT = len(_INFER_PREFIX)
@@ -324,6 +355,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self.flow = PipelineFlowControl(transport, self.pipeline)
         self.transport = CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
+        self.transport.lingers = self._lingers
+        self._draining = False
         cap = self.limits.max_connections or default_max_connections()
         if len(self.connections) > cap:
             log.warning("refusing an HTTP connection: %d are open, the limit is %d", len(self.connections) - 1, cap)
@@ -370,7 +403,29 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline = None
         self._expired(self._what)
 
+    def _lingers(self) -> bool:
+        """Asked as the connection is closed after a response (a client's `Connection: close`):
+        when the client is still sending the request's body (a 413 answered before it was read), the
+        connection is shut for writing and the rest of the body is read and dropped, for up to
+        LINGER_SECONDS and LINGER_BYTES, before it closes. Closed at once with unread data, the kernel
+        resets the connection, and a client that sends its whole body before it reads (Python's
+        http.client, urllib) sees that reset instead of the answer."""
+        cycle = self.cycle
+        if self._draining or type(cycle) is FastInfer or not getattr(cycle, "more_body", False) \
+                or self.transport.is_closing():
+            return False
+        self._draining = True
+        self.pipeline.clear()
+        self.parser = _Drain(self.transport)
+        self.transport.write_eof()
+        self._arm(LINGER_SECONDS, _LINGER)
+        self.flow.resume_reading()
+        return True
+
     def _expired(self, what: str) -> None:
+        if what is _LINGER:
+            self.transport.close_now()
+            return
         if what is _IDLE:  # uvicorn's keep-alive timeout
             if not self.transport.is_closing():
                 self.transport.close()
@@ -392,7 +447,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         """uvicorn's, with the keep-alive timeout kept on the connection's timer."""
         self.server_state.total_requests += 1
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._draining:
             return
         if self.pipeline:
             cycle, app = self.pipeline.pop()
