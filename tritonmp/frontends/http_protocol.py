@@ -293,21 +293,6 @@ _LINGER = "the rest of a body it was answered for"  # the deadline of a lingerin
 LINGER_SECONDS = 2.0  # a lingering close drops what the client still sends for this long at most
 LINGER_BYTES = 256 << 20  # and this much at most
 
-
-class _Drain:
-    """The parser of a connection in a lingering close: what arrives is counted and dropped; past
-    LINGER_BYTES the connection is closed."""
-
-    __slots__ = ("transport", "dropped")
-
-    def __init__(self, transport: CoalescingTransport):
-        self.transport = transport
-        self.dropped = 0
-
-    def feed_data(self, data: bytes) -> None:
-        self.dropped += len(data)
-        if self.dropped > LINGER_BYTES:
-            self.transport.close_now()
 _INFER_PREFIX = b"/v2/models/"
 _INFER_SUFFIX = b"/infer"
 _MODEL_AT = len(_INFER_PREFIX)
@@ -337,6 +322,22 @@ def _infer_route(url: bytes) -> tuple[str, str] | None:
         _ROUTES.clear()
     _ROUTES[url] = route
     return route
+
+
+class _Drain:
+    """The parser of a connection in a lingering close: what arrives is counted and dropped; past
+    LINGER_BYTES the connection is closed."""
+
+    __slots__ = ("transport", "dropped")
+
+    def __init__(self, transport: CoalescingTransport):
+        self.transport = transport
+        self.dropped = 0
+
+    def feed_data(self, data: bytes) -> None:
+        self.dropped += len(data)
+        if self.dropped > LINGER_BYTES:
+            self.transport.close_now()
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -412,7 +413,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         http.client, urllib) sees that reset instead of the answer."""
         cycle = self.cycle
         if self._draining or type(cycle) is FastInfer or not getattr(cycle, "more_body", False) \
-                or self.transport.is_closing():
+                or not cycle.response_complete or self.transport.is_closing():
             return False
         self._draining = True
         self.pipeline.clear()
