@@ -366,6 +366,10 @@ def grpc_parameter_cases(model: str = "add_py") -> dict:
             request.inputs[0].parameters[key].CopyFrom(pb.InferParameter(**value))
         return request
 
+    def with_contents(request):
+        request.inputs[0].contents.fp32_contents.extend([1, 2, 3])
+        return request
+
     def with_output(request, **params):
         request.outputs.add(name="C", parameters={k: pb.InferParameter(**v) for k, v in params.items()})
         return request
@@ -390,6 +394,8 @@ def grpc_parameter_cases(model: str = "add_py") -> dict:
         "region as an int": with_input_params(add(1), shared_memory_region=size, shared_memory_byte_size=size),
         "size as a string": with_input_params(add(1), shared_memory_region=region, shared_memory_byte_size=region),
         "unknown region": with_input_params(add(1), shared_memory_region=region, shared_memory_byte_size=size),
+        "contents and a region": with_contents(with_input_params(add(0), shared_memory_region=region,
+                                                                 shared_memory_byte_size=size)),
         "output region without a size": with_output(add(), shared_memory_region=region),
         "classification as a string": with_output(add(), classification={"string_param": "2"}),
         "classification of 0": with_output(add(), classification={"int64_param": 0}),

@@ -230,6 +230,8 @@ GRPC_PARAMETER_ANSWERS = {  # Triton 2.51's answers (test_compat compares them w
     "size as a string": ("INVALID_ARGUMENT", "invalid value type for 'shared_memory_byte_size' parameter for tensor "
                                              "'A', expected int64_param."),
     "unknown region": ("NOT_FOUND", "Unable to find shared memory region: 'nowhere'"),
+    "contents and a region": ("INVALID_ARGUMENT", "unexpected 'content' provided when using shared memory for input "
+                                                  "tensor 'A' for model 'add_py'"),
     "output region without a size": ("INVALID_ARGUMENT", "'shared_memory_byte_size' must be specified along with "
                                                          "'shared_memory_region' parameter for tensor 'C'"),
     "classification as a string": ("INVALID_ARGUMENT", "invalid value type for 'classification' parameter, expected "

@@ -870,3 +870,20 @@ def test_json_outputs_small_and_large_are_written_alike_fp32_as_doubles():
             assert written == expected, dt
     tenth = Tensor("t", "FP32", [1], np.float32(0.1).tobytes(), {})
     assert orjson.dumps(_json_values(tenth)) == b"[0.10000000149011612]"
+
+
+def test_a_lingering_close_drops_what_comes_until_its_byte_limit_then_closes():
+    class Transport:  # the one call _Drain makes
+        closed = 0
+
+        def close_now(self):
+            self.closed += 1
+
+    transport = Transport()
+    drain = http_protocol._Drain(transport)
+    chunk = b"x" * (1 << 20)
+    for _ in range(http_protocol.LINGER_BYTES // len(chunk)):
+        drain.feed_data(chunk)
+    assert transport.closed == 0 and drain.dropped == http_protocol.LINGER_BYTES
+    drain.feed_data(b"x")
+    assert transport.closed == 1

@@ -13,7 +13,7 @@ import orjson
 from .. import datatypes
 from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..errors import invalid
-from .request_params import check_json_output, check_json_request, check_json_shared_memory
+from .request_params import check_json_output, check_json_request, check_json_shared_memory, unsigned, wrong_json_type
 
 LARGE_OUTPUT = 64 * 1024  # a binary output this large is written from its own buffer, never joined
 _ITEMSIZE = datatypes.ITEMSIZE
@@ -154,9 +154,8 @@ def decode_infer(body: bytes, header_length: int | None, model: str, version: st
             data = None  # the dataplane resolves the region
         elif "binary_data_size" in params:
             size = params["binary_data_size"]
-            if type(size) is not int or size < 0:
-                raise invalid("Unable to parse 'binary_data_size': attempt to access JSON non-unsigned-integer as "
-                              "unsigned-integer")
+            if not unsigned(size):
+                raise wrong_json_type("unsigned-integer", "Unable to parse 'binary_data_size': ")
             if pos + size > end:
                 raise invalid(f"unexpected binary_data_size {size} for input '{name}': the request holds "
                               f"{end - pos} more bytes of binary data")

@@ -425,6 +425,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _expired(self, what: str) -> None:
         if what is _LINGER:
+            log.info("closing an HTTP connection from %s that was still sending a body %.0fs after its answer",
+                     f"{self.client[0]}:{self.client[1]}" if self.client else "a client", LINGER_SECONDS)
             self.transport.close_now()
             return
         if what is _IDLE:  # uvicorn's keep-alive timeout
@@ -599,7 +601,7 @@ class ForwardingHttpProtocol(GuardedHttpProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         super().on_header(name, value)
-        self.sent_headers.append((name, value.rstrip(b" \t")))
+        self.sent_headers.append((name, self.headers[-1][1]))  # the name as sent, the value as stored
 
     def on_headers_complete(self) -> None:
         self.forwarded = forwarded(self.forward, self.sent_headers)

@@ -22,6 +22,7 @@ from ..errors import ServerError, invalid, too_large, unsupported
 from . import generate, http_codec, json_offload
 from .http_protocol import BODY_KEY, FORWARDED_KEY, JSON_HEADERS, ReceivedBody, binary_headers
 from .inflate import TooLarge, inflate
+from .request_params import unsigned, wrong_json_type
 from .restricted import HTTP_GROUP, Restrictions, http_message
 
 log = logging.getLogger("tritonmp.http")
@@ -93,10 +94,6 @@ def _whole_body(receive, received: ReceivedBody):
         return message
 
     return whole
-
-
-def _unsigned(value) -> bool:
-    return type(value) is int and value >= 0
 
 
 def _error_body(message: str) -> bytes:
@@ -294,7 +291,7 @@ class HttpApp:
     async def repository_index(self, receive, send) -> None:
         ready = (await self._json_body(receive)).get("ready", False)
         if type(ready) is not bool:
-            raise ServerError("attempt to access JSON non-boolean as boolean")  # Triton's words
+            raise wrong_json_type("boolean")
         await _send(send, 200, orjson.dumps(self.dp.repository_index(ready)))
 
     async def repository_load(self, receive, send, model: str) -> None:
@@ -344,13 +341,13 @@ class HttpApp:
             if key is None:
                 raise ServerError("Shared memory register request has no 'key' field")
             if type(key) is not str:
-                raise ServerError("attempt to access JSON non-string as string")
-            if not _unsigned(offset):
-                raise ServerError("attempt to access JSON non-unsigned-integer as unsigned-integer")
+                raise wrong_json_type("string")
+            if not unsigned(offset):
+                raise wrong_json_type("unsigned-integer")
             if size is None:
                 raise ServerError("Shared memory register request has no 'byte_size' field")
-            if not _unsigned(size):
-                raise ServerError("attempt to access JSON non-unsigned-integer as unsigned-integer")
+            if not unsigned(size):
+                raise wrong_json_type("unsigned-integer")
             self.dp.shm.register(region, key, offset, size)
         await _send(send, 200, b"", _TEXT)
 

@@ -83,19 +83,26 @@ def check_grpc_output(output) -> None:
 
 # -- HTTP: JSON values -----------------------------------------------------------------------------
 
+def wrong_json_type(wanted: str, prefix: str = "") -> Exception:
+    """Triton's words for a JSON value that is not of the type it reads (`wanted`: "string",
+    "boolean", "unsigned-integer"), after `prefix` ("Unable to parse 'key': ")."""
+    return invalid(f"{prefix}attempt to access JSON non-{wanted} as {wanted}")
+
+
 def _unparsable(key: str, wanted: str) -> Exception:
-    return invalid(f"Unable to parse '{key}': attempt to access JSON non-{wanted} as {wanted}")
+    return wrong_json_type(wanted, f"Unable to parse '{key}': ")
 
 
-def _unsigned(value) -> bool:
+def unsigned(value) -> bool:
+    """Whether a JSON value is one Triton reads as an unsigned integer."""
     return type(value) is int and value >= 0
 
 
 _JSON_REQUEST = {  # Triton's own request parameters: what each must be, and the word for it
-    "priority": (_unsigned, "unsigned-integer"), "timeout": (_unsigned, "unsigned-integer"),
+    "priority": (unsigned, "unsigned-integer"), "timeout": (unsigned, "unsigned-integer"),
     "sequence_start": (lambda v: type(v) is bool, "boolean"), "sequence_end": (lambda v: type(v) is bool, "boolean"),
     "binary_data_output": (lambda v: type(v) is bool, "boolean"),
-    "sequence_id": (lambda v: _unsigned(v) or type(v) is str, "string"),
+    "sequence_id": (lambda v: unsigned(v) or type(v) is str, "string"),
 }
 _MODEL_VALUE = (int, bool, str, float)  # what a parameter a model reads may be
 
@@ -120,7 +127,7 @@ def check_json_shared_memory(params: dict) -> None:
     if region is not None and type(region) is not str:
         raise _unparsable("shared_memory_region", "string")
     for key in ("shared_memory_offset", "shared_memory_byte_size"):
-        if key in params and not _unsigned(params[key]):
+        if key in params and not unsigned(params[key]):
             raise _unparsable(key, "unsigned-integer")
 
 
@@ -134,8 +141,7 @@ def check_json_output(params: dict) -> None:
     count = params.get("classification")
     if count is None:
         return
-    if not _unsigned(count):
-        raise invalid("Unable to set 'classification': attempt to access JSON non-unsigned-integer as "
-                      "unsigned-integer")
+    if not unsigned(count):
+        raise wrong_json_type("unsigned-integer", "Unable to set 'classification': ")
     if count and "shared_memory_region" in params:
         raise invalid("Output can't set both 'shared_memory_region' and 'classification'")
