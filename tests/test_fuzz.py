@@ -63,6 +63,68 @@ def test_http_json_and_binary_tensors(doc, tail):
     _decode_and_check(head + tail, len(head) if tail else None)
 
 
+numbers = st.integers(-2**70, 2**70) | st.sampled_from([2**63 - 1, 2**63, 2**64 - 1, 2**64, -2**63, -2**63 - 1]) \
+    | st.floats(allow_nan=False, allow_infinity=False) | st.booleans() | st.integers(-3, 300)
+ITEMSIZE = {"FP32": 4, "FP64": 8, "INT32": 4, "INT64": 8, "UINT8": 1, "BOOL": 1, "BYTES": 4}
+
+
+@st.composite
+def common_requests(draw):
+    """Requests as clients send them (JSON data or binary tensors of the declared size), now and
+    then with one thing off: a size, a type, a shape, a parameter."""
+    inputs, tail = [], b""
+    for name in draw(st.lists(st.sampled_from(["A", "B", "C"]), max_size=3)):
+        datatype = draw(st.sampled_from(["FP32", "FP32", "FP32", "INT64", "INT32", *sorted(ITEMSIZE)]))
+        shape = draw(st.lists(st.integers(0, 3), max_size=3))
+        if draw(st.integers(0, 9)) == 0:
+            shape.append(draw(st.sampled_from([-1, 2**63 - 1, 2**63, 2**64, -2**63 - 1])))
+        count = 1
+        for d in shape:
+            count *= max(d, 0) if abs(d) < 2**8 else 0
+        item = {"name": name, "datatype": datatype, "shape": shape}
+        if draw(st.booleans()):
+            size = count * ITEMSIZE[datatype] + draw(st.sampled_from([0, 0, 0, 1, -1]))
+            item["parameters"] = {"binary_data_size": size}
+            if draw(st.integers(0, 9)) == 0:
+                item["parameters"][draw(st.sampled_from(["x", "binary_data_size"]))] = draw(numbers)
+            tail += b"\x01" * max(size, 0)
+        else:
+            off = draw(st.integers(0, 9))
+            item["data"] = draw(st.lists(numbers, min_size=count, max_size=count) if off > 1 else
+                                st.lists(numbers, max_size=4) if off else st.lists(st.lists(numbers, max_size=2),
+                                                                                   max_size=2))
+            if draw(st.integers(0, 4)) == 0:
+                item["parameters"] = draw(st.none() | st.just([]) | st.just({}) | st.just("x"))
+        inputs.append(item)
+    doc = {"inputs": inputs}
+    if draw(st.booleans()):
+        output_parameters = st.none() | st.dictionaries(st.sampled_from(["binary_data", "classification"]),
+                                                        st.booleans() | st.integers(0, 3), max_size=2)
+        outputs = st.lists(st.fixed_dictionaries({"name": st.sampled_from(["C", ""])},
+                                                 optional={"parameters": output_parameters}))
+        doc["outputs"] = None if draw(st.integers(0, 9)) == 0 else draw(outputs)
+    if draw(st.booleans()):
+        doc["parameters"] = draw(st.none() | st.dictionaries(
+            st.sampled_from(["binary_data_output", "priority", "timeout", "x", "triton_x"]),
+            st.booleans() | st.integers(-1, 2**65) | st.text(max_size=2) | st.floats(allow_nan=False)
+            | st.lists(st.integers(), max_size=1), max_size=2))
+    if draw(st.booleans()):
+        doc["id"] = draw(st.text(max_size=3)) if draw(st.integers(0, 4)) else draw(st.integers() | st.none())
+    return json.dumps(doc).encode(), tail + draw(st.sampled_from([b""] * 9 + [b"\x00"]))
+
+
+@settings(FUZZ, max_examples=1000)
+@given(common_requests())
+def test_the_typed_http_decode_takes_only_what_the_general_decode_takes_alike(request):
+    """The typed decode of common requests gives up (None) or answers exactly as the general decode."""
+    head, tail = request
+    typed = http_codec._typed_request(head, memoryview(tail), "add", "")
+    if typed is None:
+        return
+    general = http_codec._general_request(memoryview(head), memoryview(tail), "add", "")
+    assert typed == general, head
+
+
 @FUZZ
 @given(st.binary(max_size=512))
 def test_http_raw_bytes(body):

@@ -268,6 +268,31 @@ def test_json_tensor_data_packs_as_numpy_would_for_every_datatype_and_value():
                 assert got == expected, (datatype, data, shape)
 
 
+def test_what_clients_commonly_send_takes_the_typed_decode():
+    """The typed decode (http_codec._typed_request) takes the bodies clients send most: JSON data,
+    binary tensors with requested outputs or binary_data_output, an id and a model's parameters; the
+    general decode gives the same request (the fuzz tests check that for any body)."""
+    import tritonclient.http as httpclient
+
+    a = httpclient.InferInput("A", [1, 3], "FP32")
+    a.set_data_from_numpy(np.ones((1, 3), np.float32))
+    b = httpclient.InferInput("B", [1, 3], "FP32")
+    b.set_data_from_numpy(np.arange(3, dtype=np.float32).reshape(1, 3), binary_data=False)
+    bodies = [
+        (b'{"inputs":[{"name":"A","shape":[1,3],"datatype":"FP32","data":[1,2,3]},'
+         b'{"name":"B","shape":[1,3],"datatype":"FP32","data":[4,5,6]}]}', None),  # curl, wrk
+        httpclient.InferenceServerClient.generate_request_body([a, b], outputs=[httpclient.InferRequestedOutput("C")]),
+        httpclient.InferenceServerClient.generate_request_body([a, b], request_id="7", parameters={"k": 1}),
+    ]
+    for body, header_length in bodies:
+        view = memoryview(body)
+        head, tail = (view, view[len(view):]) if header_length is None else (view[:header_length], view[header_length:])
+        typed = http_codec._typed_request(head, tail, "add", "")
+        assert typed is not None, body
+        assert typed == http_codec._general_request(head, tail, "add", "")
+        assert http_codec.decode_infer(body, header_length, "add", "") == typed
+
+
 def test_a_duration_counts_in_the_first_bucket_whose_bound_it_does_not_exceed():
     from tritonmp.observability.stats import LATENCY_BUCKETS_US, ModelStats
 
@@ -780,7 +805,7 @@ def test_the_one_pass_request_check_agrees_with_the_full_check():
         assert outcomes[0] == outcomes[1], tensors
     accepted = request(("B", "INT32", (1, 4), 16), ("A", "FP32", (1, 3), 12))
     validation.check_request(accepted, "m", 8, config, {"C": "FP32"})
-    assert [t.name for t in accepted.inputs] == ["A", "B"] and accepted.shape_key == (("A", (3,)), ("B", (4,)))
+    assert [t.name for t in accepted.inputs] == ["A", "B"] and accepted.shape_key == ((3,), (4,))
 
 
 def test_the_one_pass_grpc_decode_agrees_with_the_ordered_decode():

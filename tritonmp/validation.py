@@ -50,33 +50,32 @@ def check_request(request: InferRequest, model: str, max_batch_size: int, inputs
         return _check_in_order(request, model, max_batch_size, inputs, outputs)
     batched = max_batch_size > 0
     batch = 1 if not batched else -1
-    key = []
+    key = []  # each input's shape past the batch dimension, in the order given
     in_order = True
     for t, config_name in zip(tensors, inputs):
         name = t.name
         cfg = inputs.get(name)
-        if cfg is None or t.datatype != cfg.datatype or t.datatype == "BYTES":
+        datatype = t.datatype
+        if cfg is None or datatype != cfg.datatype or datatype == "BYTES":
             return _check_in_order(request, model, max_batch_size, inputs, outputs)
-        in_order = in_order and name == config_name
+        if name != config_name:
+            in_order = False
         shape = t.shape
-        count = 1
         if batched:
             if not shape:
                 return _check_in_order(request, model, max_batch_size, inputs, outputs)
-            if batch == -1:
-                batch = shape[0]
-                if not 1 <= batch <= max_batch_size:
+            rows = shape[0]
+            if rows != batch:
+                if batch != -1 or not 1 <= rows <= max_batch_size:
                     return _check_in_order(request, model, max_batch_size, inputs, outputs)
-            elif shape[0] != batch:
-                return _check_in_order(request, model, max_batch_size, inputs, outputs)
-            count = batch
+                batch = rows
             rest = tuple(shape[1:])
         else:
             rest = tuple(shape)
-        dims = cfg.dims
-        if rest == dims and cfg.fixed_elements >= 0:
-            count *= cfg.fixed_elements
-        else:
+        count = batch * cfg.fixed_elements
+        if count < 0 or rest != cfg.dims:
+            count = batch
+            dims = cfg.dims
             if len(rest) != len(dims):
                 return _check_in_order(request, model, max_batch_size, inputs, outputs)
             for e, d in zip(dims, rest):
@@ -84,19 +83,22 @@ def check_request(request: InferRequest, model: str, max_batch_size: int, inputs
                     return _check_in_order(request, model, max_batch_size, inputs, outputs)
                 count *= d
         data = t.data
-        nbytes = data.nbytes if isinstance(data, (memoryview, ShmRef)) else len(data)
-        if nbytes != count * datatypes.ITEMSIZE[t.datatype]:
+        nbytes = len(data) if type(data) is bytes else \
+            data.nbytes if isinstance(data, (memoryview, ShmRef)) else len(data)
+        if nbytes != count * datatypes.ITEMSIZE[datatype]:
             return _check_in_order(request, model, max_batch_size, inputs, outputs)
-        key.append((name, rest))
-    if not in_order and len({k[0] for k in key}) != len(key):  # a name twice (so another missing)
-        return _check_in_order(request, model, max_batch_size, inputs, outputs)
+        key.append(rest)
+    if not in_order:  # inputs in configuration order, so that merged batches line up
+        if len({t.name for t in tensors}) != len(tensors):  # a name twice (so another missing)
+            return _check_in_order(request, model, max_batch_size, inputs, outputs)
+        order = {name: i for i, name in enumerate(inputs)}
+        ranked = sorted(zip(tensors, key), key=lambda pair: order[pair[0].name])
+        tensors[:] = [t for t, _ in ranked]
+        key = [rest for _, rest in ranked]
     if request.outputs is not None:
         _check_outputs(request, model, outputs)
     request.batch_size = batch
-    request.shape_key = tuple(sorted(key))
-    if not in_order:  # inputs in configuration order, so that merged batches line up
-        order = {name: i for i, name in enumerate(inputs)}
-        tensors.sort(key=lambda t: order[t.name])
+    request.shape_key = tuple(key)  # the shapes in configuration order: the names go without saying
 
 
 def _check_outputs(request: InferRequest, model: str, outputs: dict[str, str]) -> None:
@@ -169,12 +171,16 @@ def _check_in_order(request: InferRequest, model: str, max_batch_size: int, inpu
         key.append((t.name, tuple(shape[1:]) if max_batch_size > 0 else tuple(shape)))
         _check_size(t, prefix, model)
     request.batch_size = batch if max_batch_size > 0 else 1
-    request.shape_key = tuple(sorted(key))
     if request.outputs is not None:
         _check_outputs(request, model, outputs)
     # inputs in configuration order, so that merged batches line up
     order = {name: i for i, name in enumerate(inputs)}
     request.inputs.sort(key=lambda t: order[t.name])
+    if len(request.inputs) == len(inputs):  # every input: its shapes in that order say it all, as in the one pass
+        shapes = dict(key)
+        request.shape_key = tuple(shapes[t.name] for t in request.inputs)
+    else:  # some optional input left out: which ones are part of the key
+        request.shape_key = tuple(sorted(key))
 
 
 def _check_size(t, prefix: str, model: str) -> None:

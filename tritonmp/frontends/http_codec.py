@@ -6,13 +6,15 @@ from __future__ import annotations
 import array
 import math
 import zlib
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
 import orjson
 
 from .. import datatypes
 from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
-from ..errors import invalid
+from ..errors import ServerError, invalid
 from .request_params import check_json_output, check_json_request, check_json_shared_memory, unsigned, wrong_json_type
 
 LARGE_OUTPUT = 64 * 1024  # a binary output this large is written from its own buffer, never joined
@@ -119,17 +121,138 @@ def json_object(buffer) -> dict:
     return doc
 
 
+# The common request, read by a typed decoder in one pass of native code (`_typed_request`): what it
+# cannot take as it is goes to the general decode below, which words whatever is wrong. Numbers are
+# kept within the integers orjson reads as integers, so that what the typed decode takes, the
+# general one would take alike.
+_Dim = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+
+
+class _TypedInput(msgspec.Struct):
+    name: str
+    datatype: str
+    shape: list[_Dim]
+    data: Any = None
+    parameters: Any = None
+
+
+class _TypedOutput(msgspec.Struct):
+    name: str
+    parameters: Any = None
+
+
+class _TypedRequest(msgspec.Struct):
+    inputs: list[_TypedInput]
+    outputs: list[_TypedOutput] | msgspec.UnsetType = msgspec.UNSET
+    parameters: Any = None
+    id: str = ""
+
+
+_typed_decode = msgspec.json.Decoder(_TypedRequest).decode
+_JSON_INT_MIN, _JSON_INT_END = -(1 << 63), 1 << 64  # the integers orjson reads as int (beyond: float)
+
+
+def _plain_values(parameters: dict) -> bool:
+    """Whether every value is one both decoders read alike: a string, a boolean, or an integer
+    within 64 bits."""
+    for value in parameters.values():
+        kind = type(value)
+        if kind is int:
+            if not _JSON_INT_MIN <= value < _JSON_INT_END:
+                return False
+        elif kind is not str and kind is not bool:
+            return False
+    return True
+
+
+def _typed_request(header, binary: memoryview, model: str, version: str) -> tuple[InferRequest, bool] | None:
+    """decode_infer of the common request: JSON data of a fixed-size datatype in flat lists, or
+    binary tensors; plain parameters. None for anything else, or anything wrong: the general
+    decode takes it from the start."""
+    try:
+        typed = _typed_decode(header)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    end = len(binary)
+    pos = 0
+    inputs = []
+    for item in typed.inputs:
+        datatype = item.datatype
+        params = item.parameters
+        data = item.data
+        if params:
+            if datatype not in _ITEMSIZE:
+                return None
+            if type(params) is not dict or len(params) != 1 or data is not None:
+                return None
+            size = params.get("binary_data_size")
+            if type(size) is not int or not 0 <= size <= end - pos:
+                return None
+            inputs.append(Tensor(item.name, datatype, item.shape, binary[pos:pos + size], params))
+            pos += size
+            continue
+        code = _ARRAY_CODES.get(datatype)
+        if code is None or type(data) is not list:
+            return None
+        try:
+            packed = array.array(code, data)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        if len(packed) != math.prod(item.shape):
+            return None
+        inputs.append(Tensor(item.name, datatype, item.shape, packed.tobytes(), {}))
+    if pos != end:
+        return None
+    outputs = None
+    if typed.outputs is not msgspec.UNSET:
+        outputs = []
+        for item in typed.outputs:
+            params = item.parameters
+            if not params:
+                params = {}
+            elif type(params) is not dict or len(params) != 1 or type(params.get("binary_data")) is not bool:
+                return None
+            outputs.append(RequestedOutput(item.name, params))
+    parameters = typed.parameters
+    binary_default = False
+    if not parameters:
+        parameters = {}
+    elif type(parameters) is not dict or not _plain_values(parameters):
+        return None
+    else:
+        try:
+            check_json_request(parameters)
+        except ServerError:
+            return None
+        binary_default = parameters.pop("binary_data_output", False)
+    return InferRequest(model, version, typed.id, inputs, outputs, parameters), binary_default
+
+
 def decode_infer(body: bytes, header_length: int | None, model: str, version: str) -> tuple[InferRequest, bool]:
     """The core request, and whether outputs default to binary (`binary_data_output`)."""
     if header_length is not None and not 0 <= header_length <= len(body):
         raise invalid(f"Inference-Header-Content-Length {header_length} is outside the body of "
                       f"{len(body)} bytes")
+    if header_length is None:
+        typed = _typed_request(body, b"", model, version)
+        if typed is not None:
+            return typed
+        view = memoryview(body)
+        return _general_request(view, view[len(view):], model, version)
     view = memoryview(body)
-    doc = json_object(view[:header_length] if header_length is not None else view)
+    header, binary = view[:header_length], view[header_length:]
+    typed = _typed_request(header, binary, model, version)
+    if typed is not None:
+        return typed
+    return _general_request(header, binary, model, version)
+
+
+def _general_request(header, binary: memoryview, model: str, version: str) -> tuple[InferRequest, bool]:
+    """decode_infer of any request: the JSON `header`, then `binary`, the binary tensors' bytes."""
+    doc = json_object(header)
     raw_inputs = doc.get("inputs")
     if type(raw_inputs) is not list:
         raise invalid("Unable to parse 'inputs': expected a list of input tensors")
-    binary = view[header_length:] if header_length is not None else view[len(view):]
     end = len(binary)
     pos = 0
     inputs = []
