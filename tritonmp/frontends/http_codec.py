@@ -348,22 +348,27 @@ def encode_infer(response: InferResponse, request: InferRequest,
     outputs = []
     blobs = []
     for t in response.outputs:
-        params = wanted.get(t.name, {}) if wanted is not None else {}
-        entry = {"name": t.name, "datatype": t.datatype, "shape": t.shape}
-        if t.data is None:
-            pass  # written into the client's shared-memory region
-        elif params.get("binary_data", default_binary):
-            blob = memoryview(t.data).cast("B") if isinstance(t.data, memoryview) else t.data
-            entry["parameters"] = {"binary_data_size": len(blob)}
+        data = t.data
+        if data is None:  # written into the client's shared-memory region
+            outputs.append({"name": t.name, "datatype": t.datatype, "shape": t.shape})
+        elif wanted.get(t.name, {}).get("binary_data", default_binary) if wanted is not None else default_binary:
+            blob = memoryview(data).cast("B") if isinstance(data, memoryview) else data
+            outputs.append({"name": t.name, "datatype": t.datatype, "shape": t.shape,
+                            "parameters": {"binary_data_size": len(blob)}})
             blobs.append(blob)
         else:
-            entry["data"] = _json_values(t)
-        outputs.append(entry)
-    doc = {}
+            code = _ARRAY_CODES.get(t.datatype)
+            if code is not None and len(data) <= SMALL_JSON_OUTPUT:  # _json_values' common case, written out
+                values = array.array(code)
+                values.frombytes(data)
+                values = values.tolist()
+            else:
+                values = _json_values(t)
+            outputs.append({"name": t.name, "datatype": t.datatype, "shape": t.shape, "data": values})
     if request.id:
-        doc["id"] = request.id
-    doc["model_name"] = response.model_name
-    doc["model_version"] = response.model_version
+        doc = {"id": request.id, "model_name": response.model_name, "model_version": response.model_version}
+    else:
+        doc = {"model_name": response.model_name, "model_version": response.model_version}
     if response.parameters:
         doc["parameters"] = response.parameters
     doc["outputs"] = outputs

@@ -42,6 +42,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from ..errors import ServerError, unavailable
 from ..ipc.buffers import RECEIVE_POOL
 from .header_forwarding import forwarded
+from .http_codec import encode_infer
 
 log = logging.getLogger("tritonmp.http")
 
@@ -248,13 +249,31 @@ class FastInfer:
         if error is not None:
             self._failed(error)
             return
+        protocol = self.protocol
         try:
-            headers, out = self.protocol.fast_app.encode_infer(future.result(), self.request, self.binary_default,
-                                                               self.accept_encoding)
+            if self.accept_encoding:
+                headers, out = protocol.fast_app.encode_infer(future.result(), self.request, self.binary_default,
+                                                              self.accept_encoding)
+            else:  # the app's encode_infer, less what only a coding needs
+                out, json_length = encode_infer(future.result(), self.request, self.binary_default)
+                headers = JSON_HEADERS if json_length is None else binary_headers(json_length)
         except Exception as e:  # noqa: BLE001
             self._failed(e)
             return
-        self.protocol.fast_reply(self, 200, headers, out if isinstance(out, list) else [out])
+        if headers is JSON_HEADERS and not self.response_complete:  # the common answer
+            self.response_complete = True
+            if self.disconnected:
+                return
+            transport = protocol.transport
+            if self.keep_alive:
+                transport.writelines((b"%s%d\r\n\r\n" % (protocol.json_head(), len(out)), out))
+                protocol.on_response_complete()
+            else:
+                transport.writelines((b"%s%d\r\nconnection: close\r\n\r\n" % (protocol.json_head(), len(out)), out))
+                transport.close()
+                protocol.on_response_complete()
+            return
+        protocol.fast_reply(self, 200, headers, out if isinstance(out, list) else [out])
 
     def _failed(self, error: BaseException) -> None:
         if isinstance(error, ServerError):
@@ -288,6 +307,7 @@ def binary_headers(json_length: int) -> KeptHeaders:
 
 
 _HEADS: dict = {}  # (status, id of KeptHeaders) -> (the default headers and own headers it was made with, head)
+_JSON_OK: list = [None, b""]  # the default headers the head of a 200 JSON answer was made with, and that head
 _IDLE = "nothing (idle keep-alive)"  # the deadline between a connection's requests
 _LINGER = "the rest of a body it was answered for"  # the deadline of a lingering close
 LINGER_SECONDS = 2.0  # a lingering close drops what the client still sends for this long at most
@@ -572,6 +592,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 _HEADS.clear()
             _HEADS[(status, id(headers))] = (default, headers, joined)
         return joined
+
+    def json_head(self) -> bytes:
+        """_head(200, JSON_HEADERS), kept apart: most answers have it."""
+        default = self.server_state.default_headers
+        kept = _JSON_OK
+        if kept[0] is not default:
+            kept[1] = self._head(200, JSON_HEADERS)
+            kept[0] = default
+        return kept[1]
 
     def fast_reply(self, cycle: FastInfer, status: int, headers: list, parts: list) -> None:
         """Write a FastInfer's response: head and body in one system call."""
