@@ -267,6 +267,29 @@ def test_slow_headers_stalled_bodies_and_silent_connections_are_closed(strict_se
     assert server.get("/v2/health/ready")[0] == 200
 
 
+def test_a_body_that_keeps_coming_is_served_and_a_kept_alive_connection_trickling_headers_is_not(strict_server):
+    """The body deadline is per piece: a body sent in pieces, each within the deadline, is served
+    however long it takes in all. A keep-alive connection's next request gets a header deadline of its
+    own, from its first bytes, which trickling does not extend."""
+    body = b'{"inputs":[{"name":"A","shape":[1,3],"datatype":"FP32","data":[1,2,3]},' \
+           b'{"name":"B","shape":[1,3],"datatype":"FP32","data":[1,1,1]}]}'
+    head = b"POST /v2/models/add_py/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+    with socket.create_connection(("127.0.0.1", strict_server.http_port), timeout=30) as s:
+        s.sendall(head)
+        pieces = [body[i:i + 16] for i in range(0, len(body), 16)]
+        started = time.monotonic()
+        for piece in pieces:  # 2.4 s in all, a piece every 0.3 s: past the 1 s deadline, never between pieces
+            time.sleep(2.4 / len(pieces))
+            s.sendall(piece)
+        assert time.monotonic() - started > 2
+        ((status, answer),) = _http_responses(s, 1)
+        assert status == 200 and b'"data":[2.0,3.0,4.0]' in answer
+        s.sendall(head + body)  # kept alive: served again
+        assert _http_responses(s, 1)[0][0] == 200
+        s.sendall(b"POST /v2/models/add_py/infer HTTP/1.1\r\n")
+        assert _closed_within(s, 10, b"X-Slow: 1\r\n") < 5
+
+
 def test_connections_past_the_cap_are_closed_at_once_and_the_server_recovers(strict_server):
     server = strict_server
     socks = []

@@ -35,6 +35,7 @@ import resource
 import weakref
 from dataclasses import dataclass
 
+import httptools
 import orjson
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -309,6 +310,8 @@ def binary_headers(json_length: int) -> KeptHeaders:
 _HEADS: dict = {}  # (status, id of KeptHeaders) -> (the default headers and own headers it was made with, head)
 _JSON_OK: list = [None, b""]  # the default headers the head of a 200 JSON answer was made with, and that head
 _IDLE = "nothing (idle keep-alive)"  # the deadline between a connection's requests
+_HEADERS = "headers"  # the parser is in the middle of a request's headers
+_BODY = "body"  # the parser is in the middle of a request's body
 _LINGER = "the rest of a body it was answered for"  # the deadline of a lingering close
 LINGER_SECONDS = 2.0  # a lingering close drops what the client still sends for this long at most
 LINGER_BYTES = 256 << 20  # and this much at most
@@ -372,6 +375,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._guard_at = 0.0
         self._deadline: float | None = None  # loop time by which the client must have sent `_what`
         self._what = ""
+        self._phase: str | None = None  # what the parser is in the middle of: _HEADERS, _BODY, or None
         self._body: ReceivedBody | None = None
         super().connection_made(transport)
         self.flow = PipelineFlowControl(transport, self.pipeline)
@@ -394,7 +398,31 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     # The deadlines move with every request and every piece of a body, so they are kept as a time,
     # and one timer per connection checks them: it is made again only when it would fire too late,
-    # not (as a call_later each) several times a request.
+    # not (as a call_later each) several times a request. The parser's callbacks only say where a
+    # request stands (`_phase`); the deadline is set once, after the parser has had what arrived:
+    # nothing for a request that came whole, the body's for a body still arriving (again with every
+    # piece), the headers' for headers still arriving (once: from the request's first bytes).
+
+    def data_received(self, data: bytes) -> None:
+        if self._what is _IDLE:  # uvicorn's _unset_keepalive_if_required
+            self._deadline = None
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:  # uvicorn's answers to what its parser refuses
+            self.logger.warning("Invalid HTTP request received.")
+            self.send_400_response("Invalid HTTP request received.")
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        phase = self._phase
+        if phase is _BODY:
+            self._arm(self.limits.body_timeout, "its request body")
+        elif phase is _HEADERS and self._deadline is None:
+            self._arm(self.limits.header_timeout, "its request headers")
 
     def _arm(self, seconds: float, what: str) -> None:
         if seconds <= 0:
@@ -436,6 +464,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 or not cycle.response_complete or self.transport.is_closing():
             return False
         self._draining = True
+        self._phase = None  # the deadline is the lingering close's
         self.pipeline.clear()
         self.parser = _Drain(self.transport)
         self.transport.write_eof()
@@ -489,8 +518,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.url = b""
         self.expect_100_continue = False
         self.headers = []
-        if self._deadline is None:  # a keep-alive connection's next request: its own deadline
-            self._arm(self.limits.header_timeout, "its request headers")
+        self._phase = _HEADERS
 
     def on_header(self, name: bytes, value: bytes) -> None:
         """uvicorn's, less its look for `Expect: 100-continue`, made once per request instead: by
@@ -499,10 +527,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._deadline = None  # _disarm(), as every call below is made for every request
+        self._phase = _BODY  # until the message is complete
         fast = self._fast_infer() if self.fast_app is not None else None
         if fast is not None:
             self.cycle = fast
-            self._arm(self.limits.body_timeout, "its request body")
             return
         for key, value in self.headers:
             if key == b"expect" and value.lower() == b"100-continue":
@@ -510,7 +538,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._scope()
         super().on_headers_complete()
         if self.cycle is not None and self.cycle.more_body:
-            self._arm(self.limits.body_timeout, "its request body")
             length = _declared_length(self.headers)
             if LARGE_BODY <= length <= self.max_body:
                 self._body = self.scope[BODY_KEY] = ReceivedBody(length)
@@ -559,10 +586,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 self._body.write(body)  # the parser delivers no more than the declared length
         else:
             super().on_body(body)
-        self._arm(self.limits.body_timeout, "its request body")
 
     def on_message_complete(self) -> None:
         self._deadline = None  # _disarm()
+        self._phase = None
         self._body = None
         cycle = self.cycle
         if type(cycle) is FastInfer and not cycle.response_complete:
