@@ -1,37 +1,38 @@
-"""The protocol-independent request and response types that both frontends decode into."""
+"""The protocol-independent request and response types that both frontends decode into.
+
+They are msgspec Structs, made several times for every request: a Struct is made by native code,
+in a third of a slotted dataclass's time."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+
+import msgspec
 
 
-@dataclass(slots=True)
-class Tensor:
+class Tensor(msgspec.Struct):
     """A tensor as raw bytes in Triton's wire layout (BYTES: length-prefixed elements)."""
 
     name: str
     datatype: str
     shape: list[int]
     data: object = b""  # bytes, bytearray, memoryview; a ShmRef in a client region; None once written there
-    parameters: dict = field(default_factory=dict)
+    parameters: dict = msgspec.field(default_factory=dict)
 
 
-@dataclass(slots=True)
-class RequestedOutput:
+class RequestedOutput(msgspec.Struct):
     name: str
-    parameters: dict = field(default_factory=dict)
+    parameters: dict = msgspec.field(default_factory=dict)
     shm: object = None  # a ShmRef when the client wants the output written into its region
 
 
-@dataclass(slots=True)
-class InferRequest:
+class InferRequest(msgspec.Struct):
     model_name: str
     model_version: str  # "" for the highest ready version
     id: str = ""
-    inputs: list[Tensor] = field(default_factory=list)
+    inputs: list[Tensor] = msgspec.field(default_factory=list)
     outputs: list[RequestedOutput] | None = None  # None: all outputs
-    parameters: dict = field(default_factory=dict)
+    parameters: dict = msgspec.field(default_factory=dict)
     # filled by validation and the scheduler
     batch_size: int = 0
     shape_key: tuple = ()
@@ -46,12 +47,11 @@ class InferRequest:
     empty_final: bool = False  # a gRPC stream's ask for the final flag alone as a response (never the model's)
 
 
-@dataclass(slots=True)
-class InferResponse:
+class InferResponse(msgspec.Struct):
     model_name: str
     model_version: str
     id: str
     outputs: list[Tensor]
-    parameters: dict = field(default_factory=dict)
+    parameters: dict = msgspec.field(default_factory=dict)
     final: bool = True  # the last response to its request (a decoupled model's may not be)
     empty: bool = False  # only the final flag: a decoupled model closed its request with no more data
