@@ -45,6 +45,8 @@ class InferRequest(msgspec.Struct):
     delayed: bool = False  # its timeout ran out under timeout_action DELAY
     stream: asyncio.Queue | None = None  # decoupled models: responses, errors, then None
     empty_final: bool = False  # a gRPC stream's ask for the final flag alone as a response (never the model's)
+    cancellable: bool = True  # its future may be cancelled (an awaiting task whose client went); a python
+    # model's instance then tells the worker, and is_cancelled() says so. FastInfer's never is.
 
 
 class InferResponse(msgspec.Struct):

@@ -43,7 +43,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from ..errors import ServerError, unavailable
 from ..ipc.buffers import RECEIVE_POOL
 from .header_forwarding import forwarded
-from .http_codec import encode_infer
+from .http_codec import decode_infer, encode_infer
 
 log = logging.getLogger("tritonmp.http")
 
@@ -232,10 +232,13 @@ class FastInfer:
         self.body = []
         try:
             mv = app.dp.model_for(self.model, self.version, "HTTP end point")  # before the body, as Triton
-            self.request, self.binary_default = app.decode_infer(body, self.header_length, self.model,
-                                                                 self.version, mv)
+            if self.header_length == 0:  # a raw binary body: the app's to read
+                self.request, self.binary_default = app.decode_infer(body, 0, self.model, self.version, mv)
+            else:
+                self.request, self.binary_default = decode_infer(body, self.header_length, self.model, self.version)
             if self.protocol.forwarded:  # after the request's own parameters, as in Triton
                 self.request.parameters.update(self.protocol.forwarded)
+            self.request.cancellable = False  # nothing awaits it: its client's going is seen by the protocol
             future = app.dp.submit(self.request, "HTTP end point", mv)
         except Exception as e:  # noqa: BLE001 - answered as the ASGI path answers it
             self._failed(e)
@@ -322,7 +325,12 @@ _MODEL_AT = len(_INFER_PREFIX)
 _INFER_LENGTH = len(_INFER_SUFFIX)
 
 
-_NOT_FAST_HEADERS = frozenset((b"transfer-encoding", b"content-encoding", b"upgrade", b"expect"))  # ASGI's to serve
+_LENGTH, _HEADER_LENGTH, _ACCEPT_ENCODING, _NOT_FAST = "length", "header length", "accept-encoding", "ASGI's"
+_FAST_HEADERS = {  # the request headers _fast_infer looks at, and what each is to it
+    b"content-length": _LENGTH, b"inference-header-content-length": _HEADER_LENGTH,
+    b"accept-encoding": _ACCEPT_ENCODING,
+    **dict.fromkeys((b"transfer-encoding", b"content-encoding", b"upgrade", b"expect"), _NOT_FAST),  # ASGI's to serve
+}
 _ROUTES: dict = {}  # request target -> what _infer_route makes of it
 
 
@@ -560,17 +568,20 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         header_length = None
         accept_encoding = ""
         for key, value in self.headers:  # what app.infer_headers reads too, in the same pass
-            if key == b"content-length":
+            kind = _FAST_HEADERS.get(key)
+            if kind is None:
+                continue
+            if kind is _LENGTH:
                 if not value.isdigit():
                     return None
                 length = int(value)
-            elif key == b"inference-header-content-length":
+            elif kind is _HEADER_LENGTH:
                 if not value.isdigit():
                     return None  # the ASGI path reads it, or words why not
                 header_length = int(value)
-            elif key == b"accept-encoding":
+            elif kind is _ACCEPT_ENCODING:
                 accept_encoding = value.decode("latin-1")
-            elif key in _NOT_FAST_HEADERS:
+            else:
                 return None
         if not 0 <= length < LARGE_BODY or length > app.max_input_size:
             return None

@@ -463,7 +463,8 @@ class Instance:
             watch = self._watch_cancel
             for index, request in enumerate(batch):
                 self.streams[(self.batch_id, index)] = request
-                request.future.add_done_callback(watch)
+                if request.cancellable:
+                    request.future.add_done_callback(watch)
         header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arena, self.outputs.index)
         self.sent_ns = now
         self.encode_ns = time.monotonic_ns() - now
@@ -558,7 +559,8 @@ class Instance:
                     continue  # answered through its response sender, already or later
                 if self.streams.pop((result.batch_id, index), None) is None:
                     continue  # already answered through its response sender
-                request.future.remove_done_callback(self._watch_cancel)  # its client is answered here
+                if request.cancellable:
+                    request.future.remove_done_callback(self._watch_cancel)  # its client is answered here
             self._answer(request, response, stats, now, own_ok)
         pool.put_idle(self)
 
