@@ -283,6 +283,9 @@ def test_what_clients_commonly_send_takes_the_typed_decode():
          b'{"name":"B","shape":[1,3],"datatype":"FP32","data":[4,5,6]}]}', None),  # curl, wrk
         httpclient.InferenceServerClient.generate_request_body([a, b], outputs=[httpclient.InferRequestedOutput("C")]),
         httpclient.InferenceServerClient.generate_request_body([a, b], request_id="7", parameters={"k": 1}),
+        (b'{"id":"","inputs":[{"name":"A","datatype":"FP32","shape":[1,3],"parameters":{"binary_data_size":12}},'
+         b'{"name":"B","datatype":"FP32","shape":[1,3],"parameters":{"binary_data_size":12}}],'
+         b'"outputs":[{"name":"C","parameters":{"binary_data":true}}]}' + bytes(range(24)), 243),  # perf_analyzer
     ]
     for body, header_length in bodies:
         view = memoryview(body)
