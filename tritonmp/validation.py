@@ -18,11 +18,17 @@ class TensorConfig:
     dims: tuple[int, ...]
     optional: bool = False
     # elements of one row (all of dims) when every dimension is fixed, else -1: a request whose shape
-    # is the same tuple then needs no dimension-by-dimension look
+    # is the same then needs no dimension-by-dimension look; the dims as a list (what a request's
+    # shape past its batch dimension is compared with) and the bytes of one such row
     fixed_elements: int = field(init=False, repr=False, compare=False)
+    dims_list: list = field(init=False, repr=False, compare=False)
+    row_bytes: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "fixed_elements", math.prod(self.dims) if all(d >= 0 for d in self.dims) else -1)
+        fixed = math.prod(self.dims) if all(d >= 0 for d in self.dims) else -1
+        object.__setattr__(self, "fixed_elements", fixed)
+        object.__setattr__(self, "dims_list", list(self.dims))
+        object.__setattr__(self, "row_bytes", fixed * datatypes.ITEMSIZE.get(self.datatype, 0) if fixed >= 0 else -1)
 
 
 def _fmt(shape) -> str:
@@ -69,25 +75,28 @@ def check_request(request: InferRequest, model: str, max_batch_size: int, inputs
                 if batch != -1 or not 1 <= rows <= max_batch_size:
                     return _check_in_order(request, model, max_batch_size, inputs, outputs)
                 batch = rows
-            rest = tuple(shape[1:])
+            rest = shape[1:]
         else:
-            rest = tuple(shape)
-        count = batch * cfg.fixed_elements
-        if count < 0 or rest != cfg.dims:
-            count = batch
-            dims = cfg.dims
-            if len(rest) != len(dims):
-                return _check_in_order(request, model, max_batch_size, inputs, outputs)
-            for e, d in zip(dims, rest):
-                if d < 0 or d > MAX_DIM or (e != -1 and e != d):
-                    return _check_in_order(request, model, max_batch_size, inputs, outputs)
-                count *= d
+            rest = shape
         data = t.data
         nbytes = len(data) if type(data) is bytes else \
             data.nbytes if isinstance(data, (memoryview, ShmRef)) else len(data)
+        if cfg.row_bytes >= 0 and rest == cfg.dims_list:  # the configured shape: its size known
+            if nbytes != batch * cfg.row_bytes:
+                return _check_in_order(request, model, max_batch_size, inputs, outputs)
+            key.append(cfg.dims)
+            continue
+        count = batch
+        dims = cfg.dims
+        if len(rest) != len(dims):
+            return _check_in_order(request, model, max_batch_size, inputs, outputs)
+        for e, d in zip(dims, rest):
+            if d < 0 or d > MAX_DIM or (e != -1 and e != d):
+                return _check_in_order(request, model, max_batch_size, inputs, outputs)
+            count *= d
         if nbytes != count * datatypes.ITEMSIZE[datatype]:
             return _check_in_order(request, model, max_batch_size, inputs, outputs)
-        key.append(rest)
+        key.append(tuple(rest))
     if not in_order:  # inputs in configuration order, so that merged batches line up
         if len({t.name for t in tensors}) != len(tensors):  # a name twice (so another missing)
             return _check_in_order(request, model, max_batch_size, inputs, outputs)
