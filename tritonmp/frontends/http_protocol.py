@@ -264,20 +264,7 @@ class FastInfer:
         except Exception as e:  # noqa: BLE001
             self._failed(e)
             return
-        if headers is JSON_HEADERS and not self.response_complete:  # the common answer
-            self.response_complete = True
-            if self.disconnected:
-                return
-            transport = protocol.transport
-            if self.keep_alive:
-                transport.writelines((b"%s%d\r\n\r\n" % (protocol.json_head(), len(out)), out))
-                protocol.on_response_complete()
-            else:
-                transport.writelines((b"%s%d\r\nconnection: close\r\n\r\n" % (protocol.json_head(), len(out)), out))
-                transport.close()
-                protocol.on_response_complete()
-            return
-        protocol.fast_reply(self, 200, headers, out if isinstance(out, list) else [out])
+        protocol.fast_reply(self, 200, headers, (out,) if type(out) is bytes else out)
 
     def _failed(self, error: BaseException) -> None:
         if isinstance(error, ServerError):
@@ -647,10 +634,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         cycle.response_complete = True
         if cycle.disconnected:
             return
+        head = self.json_head() if headers is JSON_HEADERS and status == 200 else self._head(status, headers)
         length = len(parts[0]) if len(parts) == 1 else sum(len(p) for p in parts)
-        end = b"\r\n\r\n" if cycle.keep_alive else b"\r\nconnection: close\r\n\r\n"
-        self.transport.writelines([b"%s%d%s" % (self._head(status, headers), length, end), *parts])
-        if not cycle.keep_alive:
+        if cycle.keep_alive:
+            self.transport.writelines((b"%s%d\r\n\r\n" % (head, length), *parts))
+        else:
+            self.transport.writelines((b"%s%d\r\nconnection: close\r\n\r\n" % (head, length), *parts))
             self.transport.close()
         self.on_response_complete()
 
