@@ -17,18 +17,17 @@ class TensorConfig:
     datatype: str
     dims: tuple[int, ...]
     optional: bool = False
-    # elements of one row (all of dims) when every dimension is fixed, else -1: a request whose shape
-    # is the same then needs no dimension-by-dimension look; the dims as a list (what a request's
-    # shape past its batch dimension is compared with) and the bytes of one such row
-    fixed_elements: int = field(init=False, repr=False, compare=False)
+    # the dims as a list (what a request's shape past its batch dimension is compared with), and the
+    # bytes of one row of them when every dimension is fixed, else -1: a request whose shape is the
+    # configured one then needs no dimension-by-dimension look
     dims_list: list = field(init=False, repr=False, compare=False)
     row_bytes: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        fixed = math.prod(self.dims) if all(d >= 0 for d in self.dims) else -1
-        object.__setattr__(self, "fixed_elements", fixed)
+        fixed = all(d >= 0 for d in self.dims)
         object.__setattr__(self, "dims_list", list(self.dims))
-        object.__setattr__(self, "row_bytes", fixed * datatypes.ITEMSIZE.get(self.datatype, 0) if fixed >= 0 else -1)
+        object.__setattr__(self, "row_bytes",
+                           math.prod(self.dims) * datatypes.ITEMSIZE.get(self.datatype, 0) if fixed else -1)
 
 
 def _fmt(shape) -> str:

@@ -233,18 +233,15 @@ def decode_infer(body: bytes, header_length: int | None, model: str, version: st
     if header_length is not None and not 0 <= header_length <= len(body):
         raise invalid(f"Inference-Header-Content-Length {header_length} is outside the body of "
                       f"{len(body)} bytes")
-    if header_length is None:
-        typed = _typed_request(body, b"", model, version)
-        if typed is not None:
-            return typed
+    if header_length is None:  # all JSON: no view made unless the general decode needs one
+        header, binary = body, memoryview(b"")
+    else:
         view = memoryview(body)
-        return _general_request(view, view[len(view):], model, version)
-    view = memoryview(body)
-    header, binary = view[:header_length], view[header_length:]
+        header, binary = view[:header_length], view[header_length:]
     typed = _typed_request(header, binary, model, version)
     if typed is not None:
         return typed
-    return _general_request(header, binary, model, version)
+    return _general_request(memoryview(header), binary, model, version)
 
 
 def _general_request(header, binary: memoryview, model: str, version: str) -> tuple[InferRequest, bool]:

@@ -43,7 +43,6 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from ..errors import ServerError, unavailable
 from ..ipc.buffers import RECEIVE_POOL
 from .header_forwarding import forwarded
-from .http_codec import decode_infer, encode_infer
 
 log = logging.getLogger("tritonmp.http")
 
@@ -232,10 +231,8 @@ class FastInfer:
         self.body = []
         try:
             mv = app.dp.model_for(self.model, self.version, "HTTP end point")  # before the body, as Triton
-            if self.header_length == 0:  # a raw binary body: the app's to read
-                self.request, self.binary_default = app.decode_infer(body, 0, self.model, self.version, mv)
-            else:
-                self.request, self.binary_default = decode_infer(body, self.header_length, self.model, self.version)
+            self.request, self.binary_default = app.decode_infer(body, self.header_length, self.model,
+                                                                 self.version, mv)
             if self.protocol.forwarded:  # after the request's own parameters, as in Triton
                 self.request.parameters.update(self.protocol.forwarded)
             self.request.cancellable = False  # nothing awaits it: its client's going is seen by the protocol
@@ -255,12 +252,8 @@ class FastInfer:
             return
         protocol = self.protocol
         try:
-            if self.accept_encoding:
-                headers, out = protocol.fast_app.encode_infer(future.result(), self.request, self.binary_default,
-                                                              self.accept_encoding)
-            else:  # the app's encode_infer, less what only a coding needs
-                out, json_length = encode_infer(future.result(), self.request, self.binary_default)
-                headers = JSON_HEADERS if json_length is None else binary_headers(json_length)
+            headers, out = protocol.fast_app.encode_infer(future.result(), self.request, self.binary_default,
+                                                          self.accept_encoding)
         except Exception as e:  # noqa: BLE001
             self._failed(e)
             return

@@ -538,9 +538,7 @@ class ModelManager:
         Triton finds it: INVALID_ARG for a version string that is no version, NOT_FOUND for an unknown
         model or version, UNAVAILABLE for a known version that is not ready."""
         number = parse_version(version) if version else -1
-        entry = self.models.get(name)  # entry(), written out
-        if entry is None:
-            raise not_found(f"Request for unknown model: '{name}' is not found")
+        entry = self.entry(name)
         if number >= 0:
             mv = entry.versions.get(number)
             if mv is None and number not in entry.down:

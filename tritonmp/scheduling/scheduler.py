@@ -194,12 +194,7 @@ class Scheduler:
         request.deadline_ns = now + timeout_us * 1000 if timeout_us else 0
         request.delayed = False
         request.future = loop.create_future()
-        queue = self.queue
-        if not level and not request.deadline_ns and (not queue or not queue[-1].delayed):
-            self._per_level[0] = self._per_level.get(0, 0) + 1  # _insert's common case: at the end
-            queue.append(request)
-        else:
-            self._insert(request)
+        self._insert(request)
         if self.pool.idle or self._timed or self._drain.waiters:  # else pump would find nothing to do
             self.pump()
         if not self.preserve_ordering:
