@@ -21,7 +21,7 @@ from tritonmp.ipc import transport
 from tritonmp.ipc.arena import Arena, segment_name
 from tritonmp.scheduling import batching
 from tritonmp.scheduling.busy_poll import BusyPoll
-from tritonmp.scheduling.scheduler import BatchPolicy, Scheduler
+from tritonmp.scheduling.scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
 from tritonmp.workers import cuda_shm
 
 from conftest import wait_for
@@ -71,6 +71,69 @@ def test_policy_without_dynamic_batching_sends_one_request():
     assert policy.take(deque(), 0) == (None, None)
 
 
+def test_only_a_batch_that_can_no_longer_change_is_final():
+    policy = BatchPolicy(4, True, [2], max_queue_delay_ns=10**9)
+    assert policy.final_count(deque()) == 0
+    queue = deque([_req(), _req(), _req()])
+    assert policy.final_count(queue) == 0  # a fourth may still join
+    queue.append(_req(2))  # cannot join: the three go as they are
+    assert policy.final_count(queue) == 3
+    queue.popleft()
+    assert policy.final_count(queue) == 3  # 1 + 1 + 2: full
+    assert policy.final_count(deque([_req(key=("a",)), _req(key=("b",))])) == 1
+    assert policy.final_count(deque([_req(4)])) == 1
+    assert BatchPolicy(4, False).final_count(deque([_req(), _req()])) == 1  # one request a batch
+
+
+class _BusyInstance:
+    """An instance with a batch in flight, as the scheduler sees one."""
+
+    def __init__(self):
+        self.batch, self.ahead = ["running"], None
+
+    def can_run_ahead(self) -> bool:
+        return self.ahead is None
+
+    def run_ahead(self, batch) -> None:
+        self.ahead = batch
+
+
+def _sent_ahead(requests: int, priorities=None, timeout_us: int = 0, max_queue_size: int = 0,
+                cancellable: bool = False) -> list | None:
+    """Submit `requests` to a scheduler (max batch size 4) whose one instance is busy: what it sent
+    ahead to it."""
+    async def run():
+        instance = _BusyInstance()
+        pool = SimpleNamespace(idle=deque(), instances=[instance], model_name="m", on_idle=None, on_down=None,
+                               decoupled=False)
+        if timeout_us or max_queue_size:
+            priorities_ = Priorities(default_policy=QueuePolicy(max_queue_size, default_timeout_us=timeout_us))
+        else:
+            priorities_ = priorities
+        scheduler = Scheduler(pool, BatchPolicy(4, True, [], max_queue_delay_ns=10**9), priorities=priorities_)
+        scheduler.pump()  # as after the instance took its batch
+        try:
+            for i in range(requests):
+                request = _req(at=i)
+                request.cancellable = cancellable
+                scheduler.submit(request)
+        finally:
+            scheduler.close()
+        return instance.ahead
+
+    return asyncio.run(run())
+
+
+def test_a_full_batch_is_sent_ahead_to_a_busy_instance_unless_a_request_could_still_overtake_it():
+    assert _sent_ahead(3) is None  # not full: it may grow
+    assert len(_sent_ahead(4)) == 4
+    assert len(_sent_ahead(6)) == 4  # one batch ahead per instance
+    assert _sent_ahead(4, priorities=Priorities(levels=2, default_level=1)) is None  # a higher level may come
+    assert _sent_ahead(4, timeout_us=10**6) is None  # its requests may still time out in the queue
+    assert _sent_ahead(4, max_queue_size=10) is None  # the queue's limit counts what waits
+    assert _sent_ahead(4, cancellable=True) is None  # cancelled in the queue, a request must never run
+
+
 def _wait_for_a_batch(precise: bool) -> tuple[int, int]:
     """On uvloop (whose timers count milliseconds), one request queued for a 300 µs batching
     delay at an idle instance: (ns from its arrival until it was sent, wake-ups of the scheduler)."""
@@ -79,7 +142,8 @@ def _wait_for_a_batch(precise: bool) -> tuple[int, int]:
     async def run():
         sent = asyncio.get_running_loop().create_future()
         instance = SimpleNamespace(batch=None, run=lambda batch: sent.set_result(time.monotonic_ns()))
-        pool = SimpleNamespace(idle=deque([instance]), instances=[], model_name="m", on_idle=None, on_down=None)
+        pool = SimpleNamespace(idle=deque([instance]), instances=[], model_name="m", on_idle=None, on_down=None,
+                               decoupled=False)
         scheduler = Scheduler(pool, BatchPolicy(8, True, [], max_queue_delay_ns=300_000))
         scheduler._precise_failed = not precise
         wakeups = 0

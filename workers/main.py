@@ -75,7 +75,8 @@ class Worker:
         self.sock = socket.socket(fileno=spec.fd)
         self.inbox = Inbox(self.sock)
         self.send_lock = threading.Lock()
-        self.in_arena = Arena(spec.in_arena, 0, create=False)
+        self.in_arenas = [Arena(name, 0, create=False) for name in spec.in_arenas]
+        self.in_arena = self.in_arenas[0]
         # the frontend lends out an arena whose outputs it hands on, and names another for the next batch
         self.out_arenas = [Arena(name, 0, create=False) for name in spec.out_arenas]
         self.out_arena = self.out_arenas[0]
@@ -316,6 +317,7 @@ class Worker:
     def run_batch(self, header: transport.Execute, frames) -> None:
         t0 = time.perf_counter_ns()
         self.use_out_arena(header.out_arena)
+        self.in_arena = self.in_arenas[header.in_arena]
         decode = self.decode_tensor
         try:
             requests = [

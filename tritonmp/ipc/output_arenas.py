@@ -3,11 +3,13 @@
 A worker fills one output arena per batch, from offset 0. Large outputs are not copied out of it:
 the frontend hands them on as numpy views of the arena (for the in-process API, to the caller; for
 HTTP and gRPC, to the response being written), and the arena is *lent* until the last view of it
-is gone. The next batch then goes to another arena of the instance. An instance has MAX_ARENAS,
-made and mapped by both sides when the worker starts, so that their names are unlinked at once
-(nothing is left in /dev/shm after a SIGKILL); a spare costs address space only until it is first
-written, and then keeps its pages, so it fills at memory speed. When all are lent, outputs are
-copied out as before: a caller that keeps every output forever costs memory once, never unbounded.
+is gone. The next batch then goes to another arena of the instance; so does a batch sent while
+another is in flight (see ipc/pool.py), whose outputs must not overwrite those not read yet. An
+instance has MAX_ARENAS, made and mapped by both sides when the worker starts, so that their names
+are unlinked at once (nothing is left in /dev/shm after a SIGKILL); a spare costs address space only
+until it is first written, and then keeps its pages, so it fills at memory speed. When all are
+lent, outputs are copied out as before: a caller that keeps every output forever costs memory
+once, never unbounded.
 
 Views are slices of one numpy array over the whole arena; numpy keeps that array as the base of
 every view taken from it (its own base is the mmap, of another type), so a finalizer on it runs
@@ -31,45 +33,57 @@ MAX_ARENAS = 4
 
 
 class OutputArenas:
-    """One worker incarnation's output arenas: `current` (index `index`) is where its next batch writes."""
+    """One worker incarnation's output arenas, and which of them are free to take a batch."""
 
     def __init__(self, make: Callable[[int], Arena], count: int = MAX_ARENAS):
         self.all = [make(k) for k in range(count)]  # the k-th: a new shared-memory segment
-        self.index = 0
-        self._returned: collections.deque[int] = collections.deque(range(1, count))  # appended from any thread
+        self._free: collections.deque[int] = collections.deque(range(count))  # appended to from any thread
         self._closed = False
 
-    @property
-    def current(self) -> Arena:
-        return self.all[self.index]
+    def spare(self) -> bool:
+        """Whether a batch can be given an arena now (a free one is left)."""
+        return bool(self._free)
 
-    def reader(self) -> Callable[[int, int], memoryview]:
-        """The bytes of one batch's outputs, for its decoding: `read(offset, nbytes)`. The first large
-        output lends the batch's arena, if another can take the next batch; the rest are copied."""
-        arena = self.current
+    def take(self) -> int:
+        """The arena a batch about to be sent writes into: the one used last, while it is free (its
+        pages are warm). Free ones are kept so that one always is when no batch is in flight:
+        `reader` lends an arena only when another is free."""
+        return self._free.popleft()
+
+    def reader(self, index: int) -> Callable[[int, int], memoryview]:
+        """The bytes of the outputs of the batch that wrote into arena `index`, for its decoding:
+        `read(offset, nbytes)`. The first large output lends the arena, if another is free for the
+        next batch; the rest are copied. Call `done(index, read)` after the decoding."""
+        arena = self.all[index]
         owner: list[np.ndarray] = []
 
         def read(offset: int, nbytes: int) -> memoryview:
-            if nbytes >= LEND_MIN and (owner or self._lend(arena, owner)):
+            if nbytes >= LEND_MIN and (owner or self._lend(arena, index, owner)):
                 return memoryview(owner[0][offset:offset + nbytes])
             return buffers.copy_of(arena.view[offset:offset + nbytes])
 
+        read.lent = owner  # type: ignore[attr-defined]
         return read
 
-    def _lend(self, arena: Arena, owner: list) -> bool:
-        if not self._returned:
+    def done(self, index: int, read: Callable | None = None) -> None:
+        """The batch of arena `index` is decoded (or will never be): the arena is free again, unless
+        `read` lent it."""
+        if read is None or not read.lent:  # type: ignore[attr-defined]
+            self._free.appendleft(index)
+
+    def _lend(self, arena: Arena, index: int, owner: list) -> bool:
+        if not self._free:
             return False
         whole = np.frombuffer(arena.map, np.uint8)
-        weakref.finalize(whole, self._give_back, self.index)
+        weakref.finalize(whole, self._give_back, index)
         owner.append(whole)
-        self.index = self._returned.popleft()
         return True
 
     def _give_back(self, index: int) -> None:  # any thread
         if self._closed:
             self.all[index].close()
         else:
-            self._returned.append(index)
+            self._free.append(index)
 
     def unlink(self) -> None:
         """The worker has mapped them all: their names can go."""

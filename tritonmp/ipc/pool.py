@@ -1,8 +1,13 @@
 """Worker processes of one model version: start each instance by exec, watch it, dispatch a batch
 to an instance with credit, fail exactly its in-flight requests when it dies, restart it.
 
-Each instance has at most one batch in flight (a model instance runs one batch at a time, as in
-Triton), so its credit is 1 and its arenas are refilled from offset 0 for every batch.
+A model instance runs one batch at a time, as in Triton. While it runs one, the scheduler may send
+it the next (`run_ahead`) when every instance is busy and that batch can grow no more: the worker
+finds it waiting when it is done and goes on without sleeping, and the frontend's send does not
+have to wake it. (Measured on a python model under wrk -c64 on 2 cores: about 3 µs less frontend
+CPU and 2-3 µs less worker CPU per request, throughput up 5-15%.) So an instance has up to two
+batches in flight, each with an input arena of its own (refilled from offset 0 for each batch) and
+an output arena of its own (`OutputArenas`).
 """
 
 from __future__ import annotations
@@ -40,6 +45,17 @@ CRASH_LOOP_DEATHS = 5  # this many deaths (or failed restarts) within CRASH_LOOP
 CRASH_LOOP_SECS = 60.0
 
 
+@dataclass(slots=True)
+class Ahead:
+    """A batch sent to an instance while another runs there."""
+
+    batch: list[InferRequest]
+    batch_id: int
+    in_arena: int  # the index of its input arena
+    out_arena: int  # the index of its output arena
+    encode_ns: int
+
+
 @dataclass
 class InstanceSpec:
     name: str  # Triton's instance name, e.g. add_0_0
@@ -70,11 +86,15 @@ class Instance:
         self.spec = spec
         self.proc: asyncio.subprocess.Process | None = None
         self.channel: Channel | None = None
-        self.in_arena: Arena | None = None
+        self.in_arenas: list[Arena] = []  # two: the batch in flight's, and the one sent ahead's
         self.outputs: OutputArenas | None = None
         self.ready: asyncio.Future | None = None
-        self.batch: list[InferRequest] | None = None
-        self.batch_id = 0
+        self.batch: list[InferRequest] | None = None  # the batch the worker runs
+        self.running_id = 0  # its batch id
+        self.batch_in = 0  # the index of its input arena
+        self.batch_out = 0  # the index of its output arena
+        self.ahead: Ahead | None = None  # the batch sent to run next, if any
+        self.batch_id = 0  # the last batch id given out
         self.sent_ns = 0
         self.encode_ns = 0
         self.alive = False
@@ -99,7 +119,8 @@ class Instance:
         pool = self.pool
         uid = next(_uids)
         arena_bytes = pool.arena_bytes
-        self.in_arena = Arena(segment_name(os.getpid(), f"{uid}-in"), arena_bytes, create=True)
+        self.in_arenas = [Arena(segment_name(os.getpid(), f"{uid}-in{k or ''}"), arena_bytes, create=True)
+                          for k in range(2)]
         self.outputs = OutputArenas(
             lambda k: Arena(segment_name(os.getpid(), f"{uid}-out{k or ''}"), arena_bytes, create=True))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -107,7 +128,7 @@ class Instance:
             fd=theirs.fileno(), parent_pid=os.getpid(),
             model_name=pool.model_name, model_version=pool.version, model_dir=pool.model_dir,
             backend=pool.backend, config_json=pool.config_json, instance_name=self.spec.name,
-            kind=self.spec.kind, device_id=self.spec.device_id, in_arena=self.in_arena.name,
+            kind=self.spec.kind, device_id=self.spec.device_id, in_arenas=[a.name for a in self.in_arenas],
             out_arenas=[a.name for a in self.outputs.all], arena_bytes=arena_bytes, log_verbose=pool.log_verbose,
             heap_retain_bytes=pool.heap_retain_bytes)
         env = dict(os.environ)
@@ -146,7 +167,8 @@ class Instance:
             self._release()
             raise
         # Both sides have mapped the arenas: drop their names so that nothing can be left behind.
-        self.in_arena.unlink()
+        for arena in self.in_arenas:
+            arena.unlink()
         self.outputs.unlink()
         try:
             await self._warmup()
@@ -186,11 +208,11 @@ class Instance:
         if self.channel is not None:
             self.channel.close()
             self.channel = None
-        if self.in_arena is not None:
-            self.in_arena.close()
+        for arena in self.in_arenas:
+            arena.close()
         if self.outputs is not None:
             self.outputs.close()
-        self.in_arena = self.outputs = None
+        self.in_arenas, self.outputs = [], None
 
     async def _watch_exit(self, proc) -> None:
         code = await proc.wait()
@@ -209,21 +231,13 @@ class Instance:
         if not was_alive:
             return  # a failed load: start() has cleaned up and reports it
         self._release()
+        then = "the server is shutting down" if self.stopping else "the instance is being restarted"
         if self.batch is not None:
             batch, self.batch = self.batch, None
-            then = "the server is shutting down" if self.stopping else "the instance is being restarted"
-            err = ServerError(
-                f"model '{self.pool.model_name}' instance '{self.spec.name}' (pid {proc.pid}) {reason} "
-                f"while running this request; {then}", Status.INTERNAL)
-            now = time.monotonic_ns()
-            for index, request in enumerate(batch):
-                if request.stream is not None:
-                    continue  # ended with the open streams below
-                if self.pool.senders and self.streams.pop((self.batch_id, index), None) is None:
-                    continue  # already answered through its response sender
-                self.pool.stats.finished(False, request.batch_size, now - request.arrival_ns)
-                if not request.future.done():
-                    request.future.set_exception(err)
+            self._fail(batch, self.running_id, f"{reason} while running this request; {then}", proc.pid)
+        if self.ahead is not None:
+            ahead, self.ahead = self.ahead, None
+            self._fail(ahead.batch, ahead.batch_id, f"{reason} before it could run this request; {then}", proc.pid)
         if self.streams:
             err = ServerError(f"model '{self.pool.model_name}' instance '{self.spec.name}' (pid {proc.pid}) {reason} "
                               "before sending its final response", Status.INTERNAL)
@@ -238,6 +252,20 @@ class Instance:
         log.error("worker %s of model '%s' version %d (pid %d) %s; restarting it", self.spec.name,
                   self.pool.model_name, self.pool.version, proc.pid, reason)
         asyncio.get_running_loop().create_task(self._restart())
+
+    def _fail(self, batch: list[InferRequest], batch_id: int, what: str, pid: int) -> None:
+        """Answer the requests of a batch its worker's death has lost."""
+        err = ServerError(f"model '{self.pool.model_name}' instance '{self.spec.name}' (pid {pid}) {what}",
+                          Status.INTERNAL)
+        now = time.monotonic_ns()
+        for index, request in enumerate(batch):
+            if request.stream is not None:
+                continue  # ended with the open streams
+            if self.pool.senders and self.streams.pop((batch_id, index), None) is None:
+                continue  # already answered through its response sender
+            self.pool.stats.finished(False, request.batch_size, now - request.arrival_ns)
+            if not request.future.done():
+                request.future.set_exception(err)
 
     def _crash_looping(self, reason: str) -> bool:
         """Record a death; True (and the model told why) when the instance should stay down."""
@@ -448,30 +476,75 @@ class Instance:
 
     # -- work ------------------------------------------------------------------------------
     def run(self, batch: list[InferRequest]) -> None:
-        """Send a batch; the instance has no other batch in flight."""
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("batch %d of %d request(s) %s to instance '%s' of model '%s'", self.batch_id + 1, len(batch),
-                      [r.id for r in batch], self.spec.name, self.pool.model_name)
+        """Send a batch to run now: the instance has none in flight."""
         self.batch_id += 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("batch %d of %d request(s) %s to instance '%s' of model '%s'", self.batch_id, len(batch),
+                      [r.id for r in batch], self.spec.name, self.pool.model_name)
         self.batch = batch
+        self.running_id = self.batch_id
         now = time.monotonic_ns()
+        self._watch_streams(batch, self.batch_id)
+        self.batch_in, self.batch_out = 0, self.outputs.take()
+        header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arenas[0], self.batch_out)
+        self.encode_ns = time.monotonic_ns() - now
+        self._started(batch, now)
+        self.channel.send(transport.EXECUTE, header, frames)
+        self.pool.busy_poll.touch()  # the answer may be near: see it without a wake-up
+
+    def can_run_ahead(self) -> bool:
+        """Whether a batch can be sent to run after the one in flight."""
+        return self.batch is not None and self.ahead is None and self.alive and not self.stopping \
+            and not self.warming and self.outputs.spare()
+
+    def run_ahead(self, batch: list[InferRequest]) -> None:
+        """Send a batch to run when the one in flight is done (`can_run_ahead`). Its requests start
+        (their queue time ends, their watchdog starts) then. None of them can be cancelled (the
+        scheduler sends no other ahead), so nothing must reach the worker for them before they run."""
+        self.batch_id += 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("batch %d of %d request(s) %s sent ahead to instance '%s' of model '%s'", self.batch_id,
+                      len(batch), [r.id for r in batch], self.spec.name, self.pool.model_name)
+        started = time.monotonic_ns()
+        self._watch_streams(batch, self.batch_id)
+        in_arena, out_arena = 1 - self.batch_in, self.outputs.take()
+        header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arenas[in_arena], out_arena,
+                                         in_arena)
+        self.ahead = Ahead(batch, self.batch_id, in_arena, out_arena, time.monotonic_ns() - started)
+        self.channel.send(transport.EXECUTE, header, frames)
+
+    def _watch_streams(self, batch: list[InferRequest], batch_id: int) -> None:
+        """Where a request may be answered through its response sender, or streams its responses:
+        keep it by (batch id, index) until then, and watch for its client going."""
+        if self.pool.decoupled or self.pool.senders:
+            watch = self._watch_cancel
+            for index, request in enumerate(batch):
+                self.streams[(batch_id, index)] = request
+                if request.cancellable:
+                    request.future.add_done_callback(watch)
+
+    def _started(self, batch: list[InferRequest], now: int) -> None:
+        """The batch in flight starts running: its requests' queue time ends, and its watchdog starts."""
+        self.sent_ns = now
         for request in batch:
             request.queue_ns = now - request.arrival_ns
             if request.trace is not None:
                 request.trace.mark("COMPUTE_START", now)
-        if self.pool.decoupled or self.pool.senders:
-            watch = self._watch_cancel
-            for index, request in enumerate(batch):
-                self.streams[(self.batch_id, index)] = request
-                if request.cancellable:
-                    request.future.add_done_callback(watch)
-        header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arena, self.outputs.index)
-        self.sent_ns = now
-        self.encode_ns = time.monotonic_ns() - now
-        self.channel.send(transport.EXECUTE, header, frames)
-        self.pool.busy_poll.touch()  # the answer may be near: see it without a wake-up
         if self.pool.execution_timeout > 0:
             self._deadline = asyncio.get_running_loop().call_later(self.pool.execution_timeout, self._hung)
+
+    def _next(self) -> None:
+        """The batch in flight is done: start the one sent ahead, or wait for work."""
+        ahead = self.ahead
+        if ahead is None:
+            self.pool.put_idle(self)
+            return
+        self.ahead = None
+        self.batch, self.running_id, self.batch_in, self.batch_out = (ahead.batch, ahead.batch_id, ahead.in_arena,
+                                                                      ahead.out_arena)
+        self.encode_ns = ahead.encode_ns
+        self._started(ahead.batch, time.monotonic_ns())
+        self.pool.on_idle()  # the scheduler may send the next batch ahead
 
     def _run_again(self, batch_id: int, index: int, request: InferRequest) -> None:
         """The model rescheduled the request (iterative sequences): back to the front of the queue, its
@@ -513,7 +586,7 @@ class Instance:
             self._deadline.cancel()
             self._deadline = None
         batch, self.batch = self.batch, None
-        if batch is None or result.batch_id != self.batch_id:
+        if batch is None or result.batch_id != self.running_id:
             return
         pool = self.pool
         if pool.decoupled:  # the responses come as STREAM messages; this only ends the execution
@@ -527,12 +600,17 @@ class Instance:
                 for index, request in enumerate(batch):
                     if result.responses[index].rescheduled:
                         self._run_again(result.batch_id, index, request)
-            pool.put_idle(self)
+            self.outputs.done(self.batch_out)
+            self._next()
             return
         stats = pool.stats if not self.warming else ModelStats("warmup", 0)  # warmup is not traffic
         started = time.monotonic_ns()
-        responses = batching.decode(result, batch, pool.merge, frames, self.outputs.reader(), pool.output_types,
-                                    pool.model_name, str(pool.version))
+        read = self.outputs.reader(self.batch_out)
+        try:
+            responses = batching.decode(result, batch, pool.merge, frames, read, pool.output_types, pool.model_name,
+                                        str(pool.version))
+        finally:
+            self.outputs.done(self.batch_out, read)
         now = time.monotonic_ns()
         # a python model's own error response counts as a success, as Triton's python backend counts it
         own_ok = not pool.merge
@@ -562,7 +640,7 @@ class Instance:
                 if request.cancellable:
                     request.future.remove_done_callback(self._watch_cancel)  # its client is answered here
             self._answer(request, response, stats, now, own_ok)
-        pool.put_idle(self)
+        self._next()
 
     @staticmethod
     def _answer(request: InferRequest, response: InferResponse | ServerError, stats: ModelStats,
@@ -654,6 +732,11 @@ class InstancePool:
             self.on_unavailable(why)
             self.on_down(ServerError(f"model '{self.model_name}' version {self.version} is unavailable: {why}",
                                      Status.UNAVAILABLE))
+
+    def sent_ahead(self) -> int:
+        """Requests sent to an instance to run after its batch in flight: still waiting, as those
+        in the scheduler's queue are."""
+        return sum(len(i.ahead.batch) for i in self.instances if i.ahead is not None)
 
     def any_alive(self) -> bool:
         return any(i.alive for i in self.instances)

@@ -17,7 +17,7 @@ import msgspec
 
 from . import buffers
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 # message types
 READY = b"R"  # worker -> frontend: loaded, with backend metadata
@@ -59,6 +59,7 @@ class Execute(msgspec.Struct, array_like=True):
     batch_id: int
     requests: list[RequestHeader]
     out_arena: int = 0  # which of the worker's output arenas (WorkerSpec.out_arenas) takes this batch's outputs
+    in_arena: int = 0  # which of the worker's input arenas (WorkerSpec.in_arenas) holds this batch's large inputs
 
 
 class ResponseHeader(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -163,7 +164,7 @@ class WorkerSpec(msgspec.Struct):
     instance_name: str
     kind: str  # "CPU" or "GPU"
     device_id: int
-    in_arena: str
+    in_arenas: list[str]  # the input arenas: two, as the frontend may send a batch while one is in flight
     out_arenas: list[str]  # the output arenas: a batch's outputs go to the one its Execute names
     arena_bytes: int
     log_verbose: int = 0

@@ -185,7 +185,7 @@ def render(models, system: SystemSampler) -> bytes:
             elif name == "nv_inference_request_duration_us":
                 out.sample(name, (s.ns["success"] + s.ns["fail"]) // 1000, **labels)
             elif name == "nv_inference_pending_request_count":
-                out.sample(name, len(mv.scheduler.queue), **labels)
+                out.sample(name, len(mv.scheduler.queue) + mv.pool.sent_ahead(), **labels)
             else:
                 kind_name = name[len("nv_inference_"):-len("_duration_us")]
                 out.sample(name, s.ns[kind_name] // 1000, **labels)
@@ -238,7 +238,7 @@ def render(models, system: SystemSampler) -> bytes:
     out.family("tritonmp_model_load_duration_seconds", "gauge", "How long the model version took to load")
     for mv in versions:
         labels = {"model": mv.name, "version": str(mv.version)}
-        out.sample("tritonmp_queue_depth", len(mv.scheduler.queue), **labels)
+        out.sample("tritonmp_queue_depth", len(mv.scheduler.queue) + mv.pool.sent_ahead(), **labels)
         out.sample("tritonmp_inflight_requests",
                    sum(len(i.batch) for i in mv.pool.instances if i.batch is not None), **labels)
         out.sample("tritonmp_worker_restarts_total", mv.pool.restart_count, **labels)

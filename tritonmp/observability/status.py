@@ -130,7 +130,7 @@ def _version(mv, history: StatusHistory) -> dict:
             "requests": {"success": s.counts["success"], "failure": s.counts["fail"],
                          "failure_reasons": dict(s.failures), "inferences": s.inference_count,
                          "executions": s.execution_count},
-            "queue_depth": len(mv.scheduler.queue),
+            "queue_depth": len(mv.scheduler.queue) + mv.pool.sent_ahead(),
             "in_flight": sum(len(i.batch) for i in mv.pool.instances if i.batch is not None),
             "worker_restarts": mv.pool.restart_count, "load_seconds": round(mv.load_seconds, 3),
             "batch_sizes": batches, "window": window, "series": points}

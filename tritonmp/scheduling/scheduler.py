@@ -39,6 +39,21 @@ class BatchPolicy:
         self.preferred = sorted(set(preferred or []))
         self.delay_ns = max_queue_delay_ns
 
+    def _scan(self, queue: deque[InferRequest]) -> tuple[int, int, bool]:
+        """How many of the oldest requests can form a batch; the longest prefix of them whose batch
+        size is a preferred size; whether the batch is final (full, or the next request cannot join)."""
+        first = queue[0]
+        total = count = 0
+        best = 0
+        for request in queue:
+            if request.shape_key != first.shape_key or total + request.batch_size > self.max_batch_size:
+                return count, best, True
+            total += request.batch_size
+            count += 1
+            if total in self.preferred:
+                best = count
+        return count, best, total >= self.max_batch_size
+
     def take(self, queue: deque[InferRequest], now_ns: int) -> tuple[list[InferRequest] | None, int | None]:
         """(batch, None) to send now, (None, deadline_ns) to wait, or (None, None) when empty."""
         if not queue:
@@ -46,18 +61,8 @@ class BatchPolicy:
         if not self.dynamic:
             return [queue.popleft()], None
         first = queue[0]
-        total = count = 0
-        best = 0  # length of the longest prefix whose batch size is a preferred size
-        blocked = False  # the next request cannot join this batch
-        for request in queue:
-            if request.shape_key != first.shape_key or total + request.batch_size > self.max_batch_size:
-                blocked = True
-                break
-            total += request.batch_size
-            count += 1
-            if total in self.preferred:
-                best = count
-        if total >= self.max_batch_size or blocked:
+        count, best, final = self._scan(queue)
+        if final:
             n = count
         elif best:
             n = best
@@ -66,6 +71,17 @@ class BatchPolicy:
         else:
             return None, first.arrival_ns + self.delay_ns
         return [queue.popleft() for _ in range(n)], None
+
+    def final_count(self, queue: deque[InferRequest]) -> int:
+        """How many of the oldest requests form the next batch if no request to come could change it
+        (it is full, or the next request cannot join it), else 0: a batch that can be sent before an
+        instance is free for it."""
+        if not queue:
+            return 0
+        if not self.dynamic:
+            return 1
+        count, _, final = self._scan(queue)
+        return count if final else 0
 
 
 @dataclass(frozen=True)
@@ -149,6 +165,15 @@ class Scheduler:
         self._precise_failed = False
         self._drain = DrainWaiters(self.busy)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop it serves, found on first use
+        # Sending a batch ahead (Instance.run_ahead) takes it out of the queue early: only where the
+        # queue is plain first come, first served. Not where a request of a higher priority level, or
+        # one on time past a delayed one, could still overtake it, nor where a request could time out
+        # in the queue or the queue's size is limited (what waits at an instance would not count).
+        # 0: never; else the queue length at which a final batch may be there.
+        p = self.priorities
+        plain = not p.levels and all(q == QueuePolicy() for q in (p.default_policy, *p.policies.values()))
+        self._ahead_at = 0 if not plain else policy.max_batch_size if policy.dynamic else 1
+        self._ahead_pending = False  # an instance can take a batch ahead: look when the queue is long enough
         pool.on_idle = self.pump
         pool.on_down = self.fail_all
 
@@ -195,7 +220,8 @@ class Scheduler:
         request.delayed = False
         request.future = loop.create_future()
         self._insert(request)
-        if self.pool.idle or self._timed or self._drain.waiters:  # else pump would find nothing to do
+        if self.pool.idle or self._timed or self._drain.waiters \
+                or (self._ahead_pending and len(self.queue) >= self._ahead_at):  # else pump has nothing to do
             self.pump()
         if not self.preserve_ordering:
             return request.future
@@ -280,9 +306,7 @@ class Scheduler:
                 self._arm(next_deadline)
         idle = self.pool.idle
         while idle and self.queue:
-            # drop requests whose client has gone away (cancelled futures)
-            while self.queue and self.queue[0].future.done():
-                self._removed(self.queue.popleft())
+            self._drop_gone()
             batch, deadline = self.policy.take(self.queue, self.clock())
             if batch is None:
                 if deadline is not None:
@@ -291,6 +315,36 @@ class Scheduler:
             for request in batch:
                 self._removed(request)
             idle.popleft().run(batch)
+        if not idle and self._ahead_at and not self.pool.decoupled:
+            self._send_ahead()
+
+    def _drop_gone(self) -> None:
+        """Drop the requests at the head of the queue whose client has gone away (cancelled futures)."""
+        queue = self.queue
+        while queue and queue[0].future.done():
+            self._removed(queue.popleft())
+
+    def _send_ahead(self) -> None:
+        """Every instance is busy: give each that can take one the next batch, where no request to
+        come could change that batch, to run as soon as its batch in flight is done. Only requests
+        that cannot be cancelled go ahead: a request cancelled in the queue must never run, and
+        once sent, it would."""
+        queue = self.queue
+        for instance in self.pool.instances:
+            if not instance.can_run_ahead():
+                continue
+            self._drop_gone()
+            n = self.policy.final_count(queue)
+            if not n:
+                self._ahead_pending = True
+                return
+            if any(queue[i].cancellable for i in range(n)):
+                break
+            batch = [queue.popleft() for _ in range(n)]
+            for request in batch:
+                self._removed(request)
+            instance.run_ahead(batch)
+        self._ahead_pending = False
 
     def _arm(self, deadline_ns: int) -> None:
         """Pump again at `deadline_ns` (a batch's queue delay, a request's queue timeout). On the
