@@ -16,7 +16,9 @@
 # ("perf_analyzer wrk"), INTERVAL_MS (3000), WRK_SECONDS (5), STABILITY (30: perf_analyzer's
 # --stability-percentage; this machine class is noisy), TRITONMP_ARGS (extra tritonmp flags, e.g.
 # "--grpc-engine grpcio" to measure grpc.aio instead). wrk is Debian's package: installed when
-# missing and run as root, else its rows are skipped with a line saying so.
+# missing and run as root, else its rows are skipped with a line saying so. A server that dies
+# during a measurement (the reference's python stub has crashed here under load) is started again,
+# with the end of its log printed, and only that measurement is lost.
 set -euo pipefail
 source "$(dirname "$0")/bench_common.sh"
 rounds=${ROUNDS:-3}
@@ -37,18 +39,34 @@ fi
 mkdir -p "$work/repo"
 cp -r "$root/configs/model_repository/add_py" "$work/repo/"
 
-"$py" -m tritonmp --model-repository "$work/repo" --http-port "$mp_http" --grpc-port "$mp_grpc" \
-  --metrics-port "$mp_metrics" ${TRITONMP_ARGS:-} >"$work/tritonmp.log" 2>&1 &
-mp_pid=$!
-pids+=($mp_pid)
-"$anchors_dir/bin/tritonserver-ref" --model-repository "$work/repo" --http-port "$ref_http" \
-  --grpc-port "$ref_grpc" --metrics-port "$ref_metrics" >"$work/triton.log" 2>&1 &
-ref_pid=$!
-pids+=($ref_pid)
+start_tritonmp() {
+  "$py" -m tritonmp --model-repository "$work/repo" --http-port "$mp_http" --grpc-port "$mp_grpc" \
+    --metrics-port "$mp_metrics" ${TRITONMP_ARGS:-} >"$work/tritonmp.log" 2>&1 &
+  mp_pid=$!
+  pids+=($mp_pid)
+}
+start_triton() {
+  "$anchors_dir/bin/tritonserver-ref" --model-repository "$work/repo" --http-port "$ref_http" \
+    --grpc-port "$ref_grpc" --metrics-port "$ref_metrics" >"$work/triton.log" 2>&1 &
+  ref_pid=$!
+  pids+=($ref_pid)
+}
+alive_or_restarted() {  # server: a server that died during the last measurement is started again
+  local pid=$mp_pid
+  [ "$1" = triton ] && pid=$ref_pid
+  kill -0 "$pid" 2>/dev/null && return 0
+  echo "$1 died during a measurement; the row is skipped and it is started again. The end of its log:" >&2
+  tail -5 "$work/$1.log" >&2
+  if [ "$1" = triton ]; then start_triton; wait_ready "$ref_http" "$work/triton.log"
+  else start_tritonmp; wait_ready "$mp_http" "$work/tritonmp.log"; fi
+  return 1
+}
+start_tritonmp
+start_triton
 wait_ready "$mp_http" "$work/tritonmp.log"
 wait_ready "$ref_http" "$work/triton.log"
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 served() {  # successful requests so far, from the server's metrics
   curl -s "localhost:$1/metrics" | awk '/^nv_inference_request_success\{model="add_py"/ {print $2}'
 }
@@ -97,15 +115,17 @@ for r in $(seq "$rounds"); do
           ticks0=$(cpu_ticks "$pid"); n0=$(served "$metrics")
           if [ "$client" = wrk ]; then
             run_wrk "$port" "$c" "$out.tsv" \
-              || { echo "wrk failed against $server (concurrency $c); skipped" >&2; tail -5 "$out.tsv.log" >&2; continue; }
+              || { echo "wrk failed against $server (concurrency $c); skipped" >&2; tail -5 "$out.tsv.log" >&2
+                   alive_or_restarted "$server" || true; continue; }
           else
-            run_pa "$server" "$port" "$proto" "$c" "$out.csv" || continue
+            run_pa "$server" "$port" "$proto" "$c" "$out.csv" || { alive_or_restarted "$server" || true; continue; }
             "$py" - "$out.csv" >"$out.tsv" <<'PY'
 import csv, sys
 row = next(csv.DictReader(open(sys.argv[1])))
 print(row["Inferences/Second"], row["p99 latency"], sep="\t")
 PY
           fi
+          alive_or_restarted "$server" || continue
           ticks1=$(cpu_ticks "$pid"); n1=$(served "$metrics")
           "$py" - "$out.tsv" "$server" "$client" "$proto" "$c" "$ticks0" "$ticks1" "$n0" "$n1" >>"$results" <<'PY'
 import os, sys
