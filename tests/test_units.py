@@ -99,13 +99,13 @@ class _BusyInstance:
 
 
 def _sent_ahead(requests: int, priorities=None, timeout_us: int = 0, max_queue_size: int = 0,
-                cancellable: bool = False) -> list | None:
+                cancellable: bool = False, decoupled: bool = False) -> list | None:
     """Submit `requests` to a scheduler (max batch size 4) whose one instance is busy: what it sent
     ahead to it."""
     async def run():
         instance = _BusyInstance()
         pool = SimpleNamespace(idle=deque(), instances=[instance], model_name="m", on_idle=None, on_down=None,
-                               decoupled=False)
+                               decoupled=decoupled)
         if timeout_us or max_queue_size:
             priorities_ = Priorities(default_policy=QueuePolicy(max_queue_size, default_timeout_us=timeout_us))
         else:
@@ -132,6 +132,7 @@ def test_a_full_batch_is_sent_ahead_to_a_busy_instance_unless_a_request_could_st
     assert _sent_ahead(4, timeout_us=10**6) is None  # its requests may still time out in the queue
     assert _sent_ahead(4, max_queue_size=10) is None  # the queue's limit counts what waits
     assert _sent_ahead(4, cancellable=True) is None  # cancelled in the queue, a request must never run
+    assert _sent_ahead(4, decoupled=True) is None  # a decoupled model's batch ends with its stream
 
 
 def _wait_for_a_batch(precise: bool) -> tuple[int, int]:

@@ -251,8 +251,9 @@ class FastInfer:
             self._failed(error)
             return
         protocol = self.protocol
+        request, self.request = self.request, None  # and its response: outputs lent from an arena go back sooner
         try:
-            headers, out = protocol.fast_app.encode_infer(future.result(), self.request, self.binary_default,
+            headers, out = protocol.fast_app.encode_infer(future.result(), request, self.binary_default,
                                                           self.accept_encoding)
         except Exception as e:  # noqa: BLE001
             self._failed(e)
