@@ -200,4 +200,7 @@ def test_a_cancelled_grpc_call_leaves_the_queue(start_server, tmp_path, deadline
     calls.join()
     after = int(client.infer("sleepy", [x]).as_numpy("SEQ")[0, 0])
     assert after == calls.results["running"] + 1  # the cancelled one never ran
+    # nor is it counted as run: it left the queue (or the batch sent ahead to the busy instance)
+    stats = client.get_inference_statistics("sleepy").model_stats[0]
+    assert (stats.inference_stats.success.count, stats.inference_stats.fail.count, stats.execution_count) == (2, 0, 2)
     client.close()

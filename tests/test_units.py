@@ -3,6 +3,7 @@ the batch codec, the BYTES format, the CUDA IPC handle struct, HPACK blocks that
 
 import asyncio
 import gc
+import socket
 import time
 import weakref
 from collections import deque
@@ -23,6 +24,7 @@ from tritonmp.scheduling import batching
 from tritonmp.scheduling.busy_poll import BusyPoll
 from tritonmp.scheduling.scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
 from tritonmp.workers import cuda_shm
+from tritonmp.workers.inbox import Inbox
 
 from conftest import wait_for
 
@@ -99,13 +101,13 @@ class _BusyInstance:
 
 
 def _sent_ahead(requests: int, priorities=None, timeout_us: int = 0, max_queue_size: int = 0,
-                cancellable: bool = False, decoupled: bool = False) -> list | None:
+                cancellable: bool = False, decoupled: bool = False, senders: bool = False) -> list | None:
     """Submit `requests` to a scheduler (max batch size 4) whose one instance is busy: what it sent
     ahead to it."""
     async def run():
         instance = _BusyInstance()
         pool = SimpleNamespace(idle=deque(), instances=[instance], model_name="m", on_idle=None, on_down=None,
-                               decoupled=decoupled)
+                               decoupled=decoupled, senders=senders)
         if timeout_us or max_queue_size:
             priorities_ = Priorities(default_policy=QueuePolicy(max_queue_size, default_timeout_us=timeout_us))
         else:
@@ -131,8 +133,34 @@ def test_a_full_batch_is_sent_ahead_to_a_busy_instance_unless_a_request_could_st
     assert _sent_ahead(4, priorities=Priorities(levels=2, default_level=1)) is None  # a higher level may come
     assert _sent_ahead(4, timeout_us=10**6) is None  # its requests may still time out in the queue
     assert _sent_ahead(4, max_queue_size=10) is None  # the queue's limit counts what waits
-    assert _sent_ahead(4, cancellable=True) is None  # cancelled in the queue, a request must never run
+    # cancelled in the queue, a request must never run: only a python model's worker leaves it out
+    assert _sent_ahead(4, cancellable=True) is None
+    assert len(_sent_ahead(4, cancellable=True, senders=True)) == 4
     assert _sent_ahead(4, decoupled=True) is None  # a decoupled model's batch ends with its stream
+
+
+def test_a_cancellation_read_before_its_batch_starts_reaches_the_request_then():
+    """A batch sent ahead waits in the worker's socket behind the running one, and its request's
+    cancellation after it; a model waiting for a BLS answer may read both before the batch starts.
+    The cancellation is kept for the batch; one for a request that has ended is not kept."""
+    frontend, worker = socket.socketpair()
+    try:
+        inbox = Inbox(worker)
+        running = inbox.cancel_flags_for(1, 2)
+        inbox.forget(1, 0)  # answered: a late cancellation has nothing to reach
+        for key in [(1, 0), (2, 1), (1, 1)]:
+            transport.send_message(frontend, transport.CANCEL, transport.encode(transport.Cancel(*key)))
+        inbox.poll()
+        assert [f.is_set() for f in running] == [False, True]
+        assert inbox.early_cancels == {(2, 1)}
+        ahead = inbox.cancel_flags_for(2, 3)
+        assert [f.is_set() for f in ahead] == [False, True, False] and not inbox.early_cancels
+        transport.send_message(frontend, transport.CANCEL, transport.encode(transport.Cancel(1, 1)))
+        inbox.poll()  # a batch before the newest: its requests have ended
+        assert not inbox.early_cancels
+    finally:
+        frontend.close()
+        worker.close()
 
 
 def _wait_for_a_batch(precise: bool) -> tuple[int, int]:

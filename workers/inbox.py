@@ -58,6 +58,9 @@ class Inbox:
         self.lock = threading.Lock()
         self.calls: dict[int, queue.SimpleQueue] = {}  # call number -> its answers (BlsResult, frames)
         self.cancel_flags: dict[tuple[int, int], CancelFlag] = {}  # (batch id, index) -> set on CANCEL
+        # cancellations of requests in batches not yet started (sent ahead): kept until their batch starts
+        self.early_cancels: set[tuple[int, int]] = set()
+        self.newest_batch = 0  # the batch id the flags were last made for
         self.closed = False
         self._numbers = itertools.count(1)
         self._reading = threading.Lock()  # held by whichever thread reads the socket
@@ -93,8 +96,11 @@ class Inbox:
                 answers.put((result, frames))
         elif kind == transport.CANCEL:
             cancel = transport.decode(transport.Cancel, header)
+            key = (cancel.batch_id, cancel.index)
             with self.lock:
-                flag = self.cancel_flags.get((cancel.batch_id, cancel.index))
+                flag = self.cancel_flags.get(key)
+                if flag is None and cancel.batch_id > self.newest_batch:
+                    self.early_cancels.add(key)  # its batch was sent ahead and waits behind this one
             if flag is not None:
                 flag.set()
         else:
@@ -191,10 +197,17 @@ class Inbox:
 
     # -- cancellation ----------------------------------------------------------------------
     def cancel_flags_for(self, batch_id: int, count: int) -> list[CancelFlag]:
-        """The cancellation flags of a batch's `count` requests, in order."""
+        """The cancellation flags of a batch's `count` requests, in order; set already for those whose
+        cancellation came before the batch started."""
         flags = [CancelFlag(self) for _ in range(count)]
         with self.lock:
+            self.newest_batch = batch_id
             self.cancel_flags.update(((batch_id, index), flag) for index, flag in enumerate(flags))
+            if self.early_cancels:
+                for key in [k for k in self.early_cancels if k[0] <= batch_id]:
+                    self.early_cancels.discard(key)
+                    if key[0] == batch_id and key[1] < count:
+                        flags[key[1]].set()
         return flags
 
     def forget(self, batch_id: int, index: int) -> None:

@@ -342,31 +342,40 @@ class Worker:
             self.send(transport.RESULT, transport.Result(header.batch_id, [], error=str(e)))
             return
         uses_senders = getattr(self.backend, "uses_senders", False)
+        not_run: list[int] = []
         if uses_senders:
             flags = self.inbox.cancel_flags_for(header.batch_id, len(requests))
             for index, request in enumerate(requests):
                 request.sender = self.stream_sender(header.batch_id, index)
                 request.cancelled = flags[index]
+            if header.cancels:  # a batch sent ahead: a request cancelled while it waited never runs
+                self.inbox.poll()
+                not_run = [index for index, flag in enumerate(flags) if flag.cancelled]
         self.out_arena.reset()
         if getattr(self.backend, "writes_arena_outputs", False):
             for request in requests:
                 request.arena_alloc = self.arena_alloc
+        run = [r for index, r in enumerate(requests) if index not in not_run] if not_run else requests
         t1 = time.perf_counter_ns()
         try:
-            responses = self.backend.execute(requests)
+            responses = self.backend.execute(run) if run else []
             batch_error = ""
         except BackendError as e:
             responses, batch_error = [], str(e)
         except Exception as e:
             responses, batch_error = [], f"{type(e).__name__}: {e}"
         t2 = time.perf_counter_ns()
+        if not_run and not batch_error:  # in the batch's order again, a placeholder for each request not run
+            ran = iter(responses)
+            responses = [WorkResponse([]) if index in not_run else next(ran, None) for index in range(len(requests))]
+            responses = responses if None not in responses else responses[:responses.index(None)]
         out_frames: list = []
         headers = []
         if uses_senders:  # requests that have ended: a late cancellation has nothing to reach
             self.inbox.forget_all(header.batch_id, [
                 index for index in range(len(requests))
-                if batch_error or (index < len(responses) and (not responses[index].deferred
-                                                              or responses[index].rescheduled))])
+                if batch_error or index in not_run or (index < len(responses) and (not responses[index].deferred
+                                                                                   or responses[index].rescheduled))])
         encode = self.encode_tensor
         for request, r in zip(header.requests, responses):
             dests = {d.name: d for d in request.shm_outputs} if request.shm_outputs else None
@@ -380,7 +389,7 @@ class Worker:
             except (ValueError, TypeError, KeyError) as e:
                 headers.append(transport.ResponseHeader(error=f"cannot return the model's output: {e}"))
         t3 = time.perf_counter_ns()
-        result = transport.Result(header.batch_id, headers, t1 - t0, t2 - t1, t3 - t2, batch_error)
+        result = transport.Result(header.batch_id, headers, t1 - t0, t2 - t1, t3 - t2, batch_error, not_run)
         self.send(transport.RESULT, result, out_frames)
 
     def serve(self) -> None:

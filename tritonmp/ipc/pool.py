@@ -499,8 +499,10 @@ class Instance:
 
     def run_ahead(self, batch: list[InferRequest]) -> None:
         """Send a batch to run when the one in flight is done (`can_run_ahead`). Its requests start
-        (their queue time ends, their watchdog starts) then. None of them can be cancelled (the
-        scheduler sends no other ahead), so nothing must reach the worker for them before they run."""
+        (their queue time ends, their watchdog starts) then. A request cancelled before then must
+        never run, as one cancelled in the queue: the scheduler sends ahead requests that can be
+        cancelled only to a python model's worker, which hears of it (CANCEL, as for a running one),
+        leaves the request out of the batch when it starts, and says so (Result.not_run)."""
         self.batch_id += 1
         if log.isEnabledFor(logging.DEBUG):
             log.debug("batch %d of %d request(s) %s sent ahead to instance '%s' of model '%s'", self.batch_id,
@@ -508,8 +510,9 @@ class Instance:
         started = time.monotonic_ns()
         self._watch_streams(batch, self.batch_id)
         in_arena, out_arena = 1 - self.batch_in, self.outputs.take()
+        cancels = any(r.cancellable for r in batch)
         header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arenas[in_arena], out_arena,
-                                         in_arena)
+                                         in_arena, cancels)
         self.ahead = Ahead(batch, self.batch_id, in_arena, out_arena, time.monotonic_ns() - started)
         self.channel.send(transport.EXECUTE, header, frames)
 
@@ -615,9 +618,16 @@ class Instance:
         # a python model's own error response counts as a success, as Triton's python backend counts it
         own_ok = not pool.merge
         failed = sum(1 for r in responses if type(r) is ServerError and not (own_ok and r.from_model))
-        stats.executed(sum(r.batch_size for r in batch), len(batch) - failed, self.encode_ns + result.input_ns,
-                       result.infer_ns, result.output_ns + now - started)
-        for request in batch:
+        not_run = result.not_run  # cancelled while their batch was sent ahead: counted nowhere, as if queued
+        ran = batch
+        if not_run:
+            ran = [r for index, r in enumerate(batch) if index not in not_run]
+            failed -= sum(1 for index in not_run
+                          if type(responses[index]) is ServerError and not (own_ok and responses[index].from_model))
+        if ran:
+            stats.executed(sum(r.batch_size for r in ran), len(ran) - failed, self.encode_ns + result.input_ns,
+                           result.infer_ns, result.output_ns + now - started)
+        for request in ran:
             if request.trace is not None:
                 t = request.trace
                 t.mark("COMPUTE_INPUT_END", self.sent_ns + self.encode_ns + result.input_ns)
@@ -629,6 +639,9 @@ class Instance:
                       f"; failed: {result.error}" if result.error else "")
         deferred = pool.senders and not result.error and len(result.responses) == len(batch)
         for index, (request, response) in enumerate(zip(batch, responses)):
+            if not_run and index in not_run:
+                self.streams.pop((result.batch_id, index), None)
+                continue
             if pool.senders:
                 if deferred and result.responses[index].rescheduled:
                     self._run_again(result.batch_id, index, request)

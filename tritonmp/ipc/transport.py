@@ -17,7 +17,7 @@ import msgspec
 
 from . import buffers
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 # message types
 READY = b"R"  # worker -> frontend: loaded, with backend metadata
@@ -60,6 +60,7 @@ class Execute(msgspec.Struct, array_like=True):
     requests: list[RequestHeader]
     out_arena: int = 0  # which of the worker's output arenas (WorkerSpec.out_arenas) takes this batch's outputs
     in_arena: int = 0  # which of the worker's input arenas (WorkerSpec.in_arenas) holds this batch's large inputs
+    cancels: bool = False  # sent ahead with requests that can be cancelled: those cancelled by its start never run
 
 
 class ResponseHeader(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -78,6 +79,7 @@ class Result(msgspec.Struct, array_like=True):
     infer_ns: int = 0
     output_ns: int = 0
     error: str = ""  # the whole batch failed (execute raised)
+    not_run: list[int] = []  # the places of requests cancelled before the batch started: the model never had them
 
 
 class BlsRequest(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -50,10 +50,11 @@ def _shm_outputs(request: InferRequest) -> list[transport.TensorRef]:
 
 
 def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena,
-           out_arena: int = 0, in_arena: int = 0) -> tuple[bytes, list]:
+           out_arena: int = 0, in_arena: int = 0, cancels: bool = False) -> tuple[bytes, list]:
     """The Execute header and tensor frames for `batch`; large inputs are written into `arena` (the
     worker's input arena number `in_arena`), and the worker writes large outputs into its output
-    arena number `out_arena`."""
+    arena number `out_arena`. `cancels`: a batch sent ahead whose requests may be cancelled before
+    it starts (the worker then leaves those out)."""
     arena.reset()
     frames: list = []
     if merge:
@@ -100,7 +101,7 @@ def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena,
                 if o.shm is not None:
                     shm.append(_shm_ref(o.name, "", [], o.shm))
             headers.append(transport.RequestHeader(r.id, refs, names, r.parameters, shm_outputs=shm))
-    return transport.encode(transport.Execute(batch_id, headers, out_arena, in_arena)), frames
+    return transport.encode(transport.Execute(batch_id, headers, out_arena, in_arena, cancels)), frames
 
 
 def _buffer(ref: transport.TensorRef, frames, read: Callable[[int, int], memoryview] | None):

@@ -326,10 +326,12 @@ class Scheduler:
 
     def _send_ahead(self) -> None:
         """Every instance is busy: give each that can take one the next batch, where no request to
-        come could change that batch, to run as soon as its batch in flight is done. Only requests
-        that cannot be cancelled go ahead: a request cancelled in the queue must never run, and
-        once sent, it would."""
+        come could change that batch, to run as soon as its batch in flight is done. A request
+        cancelled in the queue must never run: requests that can be cancelled go ahead only to a
+        python model's workers, which leave out those cancelled before their batch starts
+        (Instance.run_ahead); the others' batches merge their requests' tensors, and would run them."""
         queue = self.queue
+        any_ok = self.pool.senders
         for instance in self.pool.instances:
             if not instance.can_run_ahead():
                 continue
@@ -338,7 +340,7 @@ class Scheduler:
             if not n:
                 self._ahead_pending = True
                 return
-            if any(queue[i].cancellable for i in range(n)):
+            if not any_ok and any(queue[i].cancellable for i in range(n)):
                 break
             batch = [queue.popleft() for _ in range(n)]
             for request in batch:
