@@ -3,6 +3,7 @@ the batch codec, the BYTES format, the CUDA IPC handle struct, HPACK blocks that
 
 import asyncio
 import gc
+import os
 import socket
 import time
 import weakref
@@ -253,6 +254,38 @@ def test_busy_polling_keeps_the_loop_awake_for_its_window_and_no_longer():
     assert turns == 0 and after == 0 and not still
     with pytest.raises(ValueError):
         BusyPoll(-1)
+
+
+def test_a_polling_turn_that_found_nothing_to_do_yields_the_processor(monkeypatch):
+    """While polling, an empty turn of the loop yields (a thread woken onto this processor runs
+    now, not at the end of the loop's time slice); a turn that did work does not."""
+    uvloop = pytest.importorskip("uvloop")
+    yields = []
+    real_yield = os.sched_yield
+    monkeypatch.setattr(os, "sched_yield", lambda: (yields.append(1), real_yield())[1])
+
+    async def run(work_us: int) -> tuple[int, int]:
+        poll = _CountedPoll(5_000)
+        loop = asyncio.get_running_loop()
+
+        def work() -> None:  # a turn with something to do: a callback that takes work_us
+            if not poll.closed.done():
+                end = time.monotonic_ns() + work_us * 1000
+                while time.monotonic_ns() < end:
+                    pass
+                loop.call_soon(work)
+
+        if work_us:
+            loop.call_soon(work)
+        del yields[:]
+        poll.touch()
+        await asyncio.wait_for(poll.closed, 5)
+        return poll.turns, len(yields)
+
+    turns, yielded = uvloop.run(run(0))
+    assert turns > 10 and yielded > turns // 2, (turns, yielded)  # (a turn after a yield that let another run is long)
+    turns, yielded = uvloop.run(run(20))
+    assert turns > 10 and yielded == 0, (turns, yielded)
 
 
 class _RecordingTransport:
