@@ -173,6 +173,7 @@ class Scheduler:
         p = self.priorities
         plain = not p.levels and all(q == QueuePolicy() for q in (p.default_policy, *p.policies.values()))
         self._ahead_at = 0 if not plain else policy.max_batch_size if policy.dynamic else 1
+        self._plain = plain  # one first-come-first-served queue: a request without parameters goes to its end
         self._ahead_pending = False  # an instance can take a batch ahead: look when the queue is long enough
         pool.on_idle = self.pump
         pool.on_down = self.fail_all
@@ -200,6 +201,16 @@ class Scheduler:
     def submit(self, request: InferRequest) -> asyncio.Future:
         """Queue a request; raises UNAVAILABLE at once when its priority level's queue is full."""
         loop = self._loop or self._running_loop()
+        if self._plain and not request.parameters:  # the common case, in short: no level, limit or timeout
+            request.arrival_ns = self.clock()
+            request.priority, request.deadline_ns, request.delayed = 0, 0, False
+            request.future = future = loop.create_future()
+            per_level = self._per_level
+            per_level[0] = per_level.get(0, 0) + 1
+            self.queue.append(request)
+            if self.pool.idle or self._drain.waiters or (self._ahead_pending and len(self.queue) >= self._ahead_at):
+                self.pump()
+            return future if not self.preserve_ordering else self._ordered(request.future, loop)
         if request.parameters or self.priorities.levels:
             level = self._level(request)
             policy = self.priorities.policy(level)
@@ -225,7 +236,11 @@ class Scheduler:
             self.pump()
         if not self.preserve_ordering:
             return request.future
-        # responses leave in arrival order: each waits for the one before it
+        return self._ordered(request.future, loop)
+
+    def _ordered(self, inner_future: asyncio.Future, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+        """The future the caller awaits when responses leave in arrival order: each waits for the one
+        before it."""
         outer = loop.create_future()
         previous, self._last_ordered = self._last_ordered, outer
 
@@ -235,7 +250,7 @@ class Scheduler:
             else:
                 previous.add_done_callback(lambda _: transfer_outcome(inner, outer))
 
-        request.future.add_done_callback(relay)
+        inner_future.add_done_callback(relay)
         return outer
 
     def reschedule(self, request: InferRequest) -> None:
