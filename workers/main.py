@@ -365,10 +365,9 @@ class Worker:
         except Exception as e:
             responses, batch_error = [], f"{type(e).__name__}: {e}"
         t2 = time.perf_counter_ns()
-        if not_run and not batch_error:  # in the batch's order again, a placeholder for each request not run
-            ran = iter(responses)
-            responses = [WorkResponse([]) if index in not_run else next(ran, None) for index in range(len(requests))]
-            responses = responses if None not in responses else responses[:responses.index(None)]
+        if not_run and not batch_error:  # in the batch's order again, an empty answer where a request was left out
+            ran = iter(responses)  # (the python backend answers every request it ran, or raises)
+            responses = [WorkResponse() if index in not_run else next(ran) for index in range(len(requests))]
         out_frames: list = []
         headers = []
         if uses_senders:  # requests that have ended: a late cancellation has nothing to reach

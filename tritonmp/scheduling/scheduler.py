@@ -204,13 +204,33 @@ class Scheduler:
         if self._plain and not request.parameters:  # the common case, in short: no level, limit or timeout
             request.arrival_ns = self.clock()
             request.priority, request.deadline_ns, request.delayed = 0, 0, False
-            request.future = future = loop.create_future()
             per_level = self._per_level
             per_level[0] = per_level.get(0, 0) + 1
             self.queue.append(request)
-            if self.pool.idle or self._drain.waiters or (self._ahead_pending and len(self.queue) >= self._ahead_at):
-                self.pump()
-            return future if not self.preserve_ordering else self._ordered(request.future, loop)
+        else:
+            self._admit(request)
+        request.future = loop.create_future()
+        if self.pool.idle or self._timed or self._drain.waiters \
+                or (self._ahead_pending and len(self.queue) >= self._ahead_at):  # else pump has nothing to do
+            self.pump()
+        if not self.preserve_ordering:
+            return request.future
+        # responses leave in arrival order: each waits for the one before it
+        outer = loop.create_future()
+        previous, self._last_ordered = self._last_ordered, outer
+
+        def relay(inner: asyncio.Future) -> None:
+            if previous is None or previous.done():
+                transfer_outcome(inner, outer)
+            else:
+                previous.add_done_callback(lambda _: transfer_outcome(inner, outer))
+
+        request.future.add_done_callback(relay)
+        return outer
+
+    def _admit(self, request: InferRequest) -> None:
+        """Queue a request by its priority level and that level's policy: its size limit (raises
+        UNAVAILABLE when full) and queue timeout."""
         if request.parameters or self.priorities.levels:
             level = self._level(request)
             policy = self.priorities.policy(level)
@@ -229,29 +249,7 @@ class Scheduler:
         request.priority = level
         request.deadline_ns = now + timeout_us * 1000 if timeout_us else 0
         request.delayed = False
-        request.future = loop.create_future()
         self._insert(request)
-        if self.pool.idle or self._timed or self._drain.waiters \
-                or (self._ahead_pending and len(self.queue) >= self._ahead_at):  # else pump has nothing to do
-            self.pump()
-        if not self.preserve_ordering:
-            return request.future
-        return self._ordered(request.future, loop)
-
-    def _ordered(self, inner_future: asyncio.Future, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
-        """The future the caller awaits when responses leave in arrival order: each waits for the one
-        before it."""
-        outer = loop.create_future()
-        previous, self._last_ordered = self._last_ordered, outer
-
-        def relay(inner: asyncio.Future) -> None:
-            if previous is None or previous.done():
-                transfer_outcome(inner, outer)
-            else:
-                previous.add_done_callback(lambda _: transfer_outcome(inner, outer))
-
-        inner_future.add_done_callback(relay)
-        return outer
 
     def reschedule(self, request: InferRequest) -> None:
         """A request its model asked to run again (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, iterative
@@ -346,7 +344,7 @@ class Scheduler:
         python model's workers, which leave out those cancelled before their batch starts
         (Instance.run_ahead); the others' batches merge their requests' tensors, and would run them."""
         queue = self.queue
-        any_ok = self.pool.senders
+        leaves_out_cancelled = self.pool.senders  # its workers drop a request cancelled before its batch starts
         for instance in self.pool.instances:
             if not instance.can_run_ahead():
                 continue
@@ -355,7 +353,7 @@ class Scheduler:
             if not n:
                 self._ahead_pending = True
                 return
-            if not any_ok and any(queue[i].cancellable for i in range(n)):
+            if not leaves_out_cancelled and any(queue[i].cancellable for i in range(n)):
                 break
             batch = [queue.popleft() for _ in range(n)]
             for request in batch:
