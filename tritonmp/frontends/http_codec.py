@@ -75,6 +75,10 @@ def compress(body: bytes, accept_encoding: str) -> tuple[bytes, str]:
     return body, ""
 
 
+# Triton's words, too many values or too few (its qa greps for them)
+_DATA_COUNT_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
+
+
 def _json_data(name: str, datatype: str, shape: list[int], data) -> bytes:
     """JSON tensor data (flat or nested lists) as raw bytes in the wire layout."""
     count = math.prod(shape)
@@ -86,14 +90,13 @@ def _json_data(name: str, datatype: str, shape: list[int], data) -> bytes:
             pass  # numpy's to take or refuse
         else:
             if len(packed) != count:
-                raise invalid(f"Unable to parse 'data' of input '{name}': Shape does not match true shape of "
-                              "'data' field")
+                raise invalid(_DATA_COUNT_MISMATCH)
             return packed.tobytes()
     try:
         if datatype == "BYTES":
             flat = np.asarray(data, dtype=np.object_).reshape(-1)
             if flat.size != count:
-                raise ValueError("Shape does not match true shape of 'data' field")
+                raise invalid(_DATA_COUNT_MISMATCH)
             for item in flat:
                 if not isinstance(item, str):
                     raise ValueError("expected a string for a BYTES element")
@@ -103,10 +106,9 @@ def _json_data(name: str, datatype: str, shape: list[int], data) -> bytes:
         else:
             values = np.asarray(data, dtype=datatypes.NUMPY_OF[datatype])
     except (ValueError, TypeError, OverflowError) as e:
-        raise invalid(f"Unable to parse 'data' of input '{name}': {e}") from None
+        raise invalid(f"Unable to parse 'data': {e} (input '{name}')") from None
     if values.size != count:
-        raise invalid(f"Unable to parse 'data' of input '{name}': Shape does not match true shape of "
-                      "'data' field")
+        raise invalid(_DATA_COUNT_MISMATCH)
     return values.tobytes()  # C order, as the array was made from the lists
 
 
