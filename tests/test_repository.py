@@ -114,12 +114,21 @@ def test_load_with_files_runs_from_a_private_directory(explicit, tmp_path):
     for bad in ("file:../1/model.onnx", "file:/../1/model.onnx", "file:1/../../model.onnx"):
         status, _, raw = explicit.post("/v2/repository/models/escape/load", orjson.dumps(
             {"parameters": {"config": config, bad: base64.b64encode(onnx_bytes).decode()}}))
-        assert status == 400, raw
-        assert "must stay inside the model directory" in orjson.loads(raw)["error"]
+        # Triton's status and words (its repository agent's error is a failed poll), the reason after them
+        assert status == 500, raw
+        message = orjson.loads(raw)["error"]
+        assert message.startswith("failed to load 'escape', failed to poll from model repository: ")
+        assert "must stay inside the model directory" in message
     status, _, raw = explicit.post("/v2/repository/models/long/load", orjson.dumps(
         {"parameters": {"config": config, "file:1/" + "m" * 300: base64.b64encode(b"x").decode()}}))
-    assert status == 400 and "File name too long" in orjson.loads(raw)["error"]
+    assert status == 500 and "File name too long" in orjson.loads(raw)["error"]
     assert "/tmp" not in orjson.loads(raw)["error"]  # no path of the server's disk
+    # a path component past NAME_MAX over gRPC, as Triton's simple_grpc_model_control.py sends it
+    with pytest.raises(InferenceServerException) as e:
+        g.load_model("uploaded_grpc", config="{}", files={"file:" + "A" * 256: b"a"})
+    assert e.value.status() == "StatusCode.INTERNAL"
+    assert "failed to poll from model repository" in e.value.message()
+    assert g.is_server_live() and g.is_model_ready("uploaded_grpc")
 
 
 def test_failed_load_keeps_the_previous_version_serving(explicit):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import re
 import shutil
@@ -18,6 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..classification import read_labels
 from ..errors import ServerError, internal, invalid, not_found, unavailable
 from ..ipc.pool import NO_BUSY_POLL, InstancePool, InstanceSpec, LoadError
+from ..logs import get_logger
 from ..observability.custom_metrics import CustomMetrics
 from ..scheduling.busy_poll import DEFAULT_US as DEFAULT_BUSY_POLL_US
 from ..scheduling.busy_poll import BusyPoll
@@ -30,7 +30,7 @@ from .config import ConfigProblem
 from .gpu_support import gpu_capable, why_not
 from .warmup import warmup_requests
 
-log = logging.getLogger("tritonmp.models")
+log = get_logger("models")
 
 _VERSION = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")  # what C's strtol reads: space, a sign, digits
 _LONG = 1 << 63
@@ -360,8 +360,7 @@ class ModelManager:
         versions keep serving and the reason is raised."""
         if files:
             if config_override is None:
-                raise invalid(f"failed to load '{name}': model files sent with a load request need the "
-                              "'config' parameter too")
+                raise _poll_failed(name, "Load parameter 'config' must be specified for model file override")
             if not valid_model_name(name):
                 raise invalid(f"failed to load '{name}': not a valid model name")
             files_dir, path = _write_files(name, files)
@@ -565,8 +564,15 @@ class ModelManager:
                 shutil.rmtree(e.files_dir, ignore_errors=True)
 
 
+def _poll_failed(name: str, reason: str) -> ServerError:
+    """A load's files that cannot make a model directory: Triton's status and words (its repository
+    agent's error is a failed poll), the reason after them."""
+    return internal(f"failed to load '{name}', failed to poll from model repository: {reason}")
+
+
 def _write_files(name: str, files: dict[str, bytes]) -> tuple[str, str]:
-    """Write a load request's files into a fresh private directory; (that directory, the model dir)."""
+    """Write a load request's files into a fresh private directory; (that directory, the model dir).
+    A file that cannot be written there fails the load as a failed poll."""
     root = tempfile.mkdtemp(prefix="tritonmp-model-")
     model_dir = os.path.join(root, name)
     os.makedirs(model_dir)
@@ -575,14 +581,14 @@ def _write_files(name: str, files: dict[str, bytes]) -> tuple[str, str]:
             # "file:/1/model.py" names the same file as "file:1/model.py", as Triton takes it
             parts = rel.replace("\\", "/").lstrip("/").split("/")
             if not rel.strip("/") or any(p in ("", ".", "..") or "\0" in p for p in parts):
-                raise invalid(f"failed to load '{name}': file path '{rel}' must stay inside the model directory")
+                raise _poll_failed(name, f"file path '{rel}' must stay inside the model directory")
             path = os.path.join(model_dir, *parts)
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "wb") as f:
                     f.write(content)
             except OSError as e:  # a name too long, a file where a directory must go: said without our paths
-                raise invalid(f"failed to load '{name}': cannot write file '{rel}': {e.strerror}") from None
+                raise _poll_failed(name, f"cannot write file '{rel}': {e.strerror}") from None
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise
