@@ -133,6 +133,11 @@ _deleter = _DELETER(_delete)
 _capsule_destructor = _CAPSULE_DESTRUCTOR(_destroy_capsule)
 
 
+def exportable(dtype: np.dtype) -> bool:
+    """Whether `export` can describe elements of this numpy type."""
+    return np.dtype(dtype) in _CODE_OF
+
+
 def export(pointer: int, device: tuple[int, int], shape: tuple[int, ...], dtype: np.dtype, owner: Any) -> Any:
     """A "dltensor" capsule over `pointer` (dense, row-major), which `owner` keeps valid: the owner is
     held until the consumer is done with the memory."""

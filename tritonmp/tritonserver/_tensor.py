@@ -109,10 +109,17 @@ class Tensor:
         if self._memory is not None:  # copies into it were synchronous: ready on any stream
             return _dlpack.export(self._memory.pointer, (DLDeviceType.kDLCUDA, self._memory.device_id),
                                   tuple(int(d) for d in self.shape), self._numpy_type(), self._memory)
+        array = self._array
+        shape = tuple([int(d) for d in self.shape])  # made at its size: no tuple resized per call
+        if (array.flags.writeable and array.flags.c_contiguous and _dlpack.exportable(array.dtype)
+                and int(np.prod(shape, dtype=np.int64)) == array.size):
+            # the capsule's owner is this Tensor, as in Triton: it lives as long as the consumer's
+            # view, and the view takes the Tensor's shape as it is now
+            return _dlpack.export(array.ctypes.data, (DLDeviceType.kDLCPU, 0), shape, array.dtype, self)
         try:
-            return self._array.__dlpack__()
+            return array.reshape(shape).__dlpack__()
         except BufferError:  # read-only memory, which older DLPack consumers cannot be told about
-            return self._array.copy().__dlpack__()
+            return array.reshape(shape).copy().__dlpack__()
 
     def __dlpack_device__(self) -> tuple[DLDeviceType, int]:
         if self._memory is not None:
