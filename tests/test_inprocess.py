@@ -271,6 +271,28 @@ def test_dlpack_capsules_made_and_taken_here_round_trip_through_numpy_and_torch(
     from_torch.release()
 
 
+def test_a_numpy_view_of_a_tensor_keeps_the_tensor_alive_and_takes_its_shape():
+    """As in Triton's in-process API: the DLPack capsule's owner is the Tensor (not the array under it),
+    the view shares its memory, and a view taken after the shape changed has the new shape."""
+    owner = np.arange(8, dtype=np.float64)
+    tensor = tritonserver.Tensor.from_dlpack(owner)
+    del owner
+    refs = sys.getrefcount(tensor)
+    view = np.from_dlpack(tensor)
+    assert sys.getrefcount(tensor) == refs + 1  # the view holds the Tensor
+    assert view.ctypes.data == tensor.data_ptr
+    tensor.shape = [2, 4]
+    reshaped = np.from_dlpack(tensor)
+    assert view.shape == (8,) and reshaped.shape == (2, 4) and reshaped.ctypes.data == tensor.data_ptr
+    del view, reshaped
+    assert sys.getrefcount(tensor) == refs  # the consumers' deleters let it go
+    frozen = np.arange(3, dtype=np.int32)
+    frozen.flags.writeable = False  # read-only memory goes out as a copy: no consumer may write it
+    copy = np.from_dlpack(tritonserver.Tensor.from_dlpack(frozen))
+    np.testing.assert_array_equal(copy, frozen)
+    assert copy.ctypes.data != frozen.ctypes.data
+
+
 class _Producer:
     """A DLPack producer over a host array, claiming any device: what a GPU library's tensor looks
     like to the API, for the host-memory CUDA below."""
@@ -432,6 +454,58 @@ def test_load_with_a_config_override_and_unload(server):
     assert not server.model("echo").ready()
     server.load("echo")
     assert "marker" not in server.model("echo").config().get("parameters", {})
+
+
+def test_a_verbose_log_file_gets_the_servers_records_and_nothing_else_keeps_them(example_repo, tmp_path):
+    """As Triton's in-process server: its log goes to Options.log_file alone. A handler on the program's
+    root logger, and on each logger that does not propagate (where pytest puts its capture), sees none
+    of its records; the memory tracemalloc traces over a thousand verbose inferences grows by less than
+    Triton's own test_api.py allows (120 KB), and the server's handler is gone once it stops."""
+    import gc
+    import logging
+    import tracemalloc
+
+    from tritonmp import logs
+
+    seen: list[logging.LogRecord] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record):
+            seen.append(record)
+
+    capture = Capture()
+    loggers = [logging.getLogger()] + [lg for lg in logging.root.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger) and not lg.propagate]
+    for lg in loggers:
+        lg.addHandler(capture)
+    log_file = tmp_path / "server.log"
+
+    def run(s, n):
+        for i in range(n):
+            inputs = {"A": np.random.rand(1, 3).astype(np.float32), "B": ONES}
+            for response in s.model("add").infer(inputs=inputs, request_id=f"to-the-file-{i}", raise_on_error=True):
+                np.testing.assert_array_equal(np.from_dlpack(response.outputs["C"]), inputs["A"] + ONES)
+
+    try:
+        with tritonserver.Server(model_repository=str(example_repo), log_verbose=1, log_file=str(log_file),
+                                 model_control_mode=tritonserver.ModelControlMode.EXPLICIT,
+                                 startup_models=["add"]) as s:
+            run(s, 100)
+            gc.collect()
+            tracemalloc.start()
+            try:
+                before, _ = tracemalloc.get_traced_memory()
+                run(s, 1000)
+                grown = tracemalloc.get_traced_memory()[0] - before
+            finally:
+                tracemalloc.stop()
+    finally:
+        for lg in loggers:
+            lg.removeHandler(capture)
+    assert "to-the-file-999" in log_file.read_text()
+    assert not [r for r in seen if r.name.startswith("tritonmp")]
+    assert grown < 120_000, f"{grown} bytes more traced after 1000 inferences"
+    assert logs.ROOT.handlers == []
 
 
 def test_memory_does_not_grow_over_thousands_of_requests(server):

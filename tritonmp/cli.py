@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 
@@ -13,6 +12,7 @@ from . import __version__, triton_flags
 from .frontends.header_forwarding import compile_pattern
 from .frontends.http_protocol import Limits
 from .frontends.restricted import GRPC_HEADER_PREFIX, Restrictions
+from .logs import get_logger
 
 _bool = triton_flags.parse_bool
 
@@ -147,7 +147,7 @@ def serve(argv: list[str]) -> int:
     except OSError as e:
         print(f"tritonmp: cannot open --log-file: {e}", file=sys.stderr)
         return 1
-    log = logging.getLogger("tritonmp")
+    log = get_logger("cli")
     triton_flags.warn_ignored(args, log)
     try:
         http_restrictions = Restrictions(args.http_restricted_api, "--http-restricted-api")

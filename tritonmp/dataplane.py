@@ -12,6 +12,7 @@ from .classification import class_count, classify
 from .core import InferRequest, InferResponse
 from .errors import ServerError, invalid, unavailable, unsupported
 from .ipc.shm_registry import SharedMemoryRegistry, ShmRef
+from .logs import get_logger
 from .observability.log_settings import LogSettings
 from .observability.tracing import Tracer
 from .repository import config as cfg
@@ -19,7 +20,7 @@ from .repository.model_manager import ModelManager, parse_version
 from .scheduling.response_cache import ResponseCache
 from .validation import check_request
 
-log = logging.getLogger("tritonmp.dataplane")
+log = get_logger("dataplane")
 
 # The Triton extensions this server really implements, as server metadata lists them.
 EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "parameters", "statistics",

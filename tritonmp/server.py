@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import logging
 import signal
 import time
 from dataclasses import dataclass
 
+from .logs import get_logger
 from .observability.log_settings import LogSettings
 from .observability.sd_notify import Notifier
 from .observability.tracing import Tracer
@@ -20,7 +20,7 @@ from .scheduling.response_cache import ResponseCache
 from .server_core import ServerCore
 from .tritonfrontend._frontends import KServeGrpc, KServeHttp, Metrics
 
-log = logging.getLogger("tritonmp.server")
+log = get_logger("server")
 
 
 @dataclass

@@ -4,18 +4,18 @@ in-process API (tritonmp/tritonserver)."""
 
 from __future__ import annotations
 
-import logging
 import time
 
 from .dataplane import Dataplane
 from .frontends import json_offload
 from .ipc import arena
+from .logs import get_logger
 from .observability.log_settings import LogSettings
 from .observability.tracing import Tracer
 from .repository.model_manager import ModelManager, ServerOptions
 from .scheduling.response_cache import ResponseCache
 
-log = logging.getLogger("tritonmp.server")
+log = get_logger("server")
 
 
 class ServerCore:

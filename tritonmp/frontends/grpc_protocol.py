@@ -13,18 +13,18 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import enum
-import logging
 import ssl
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from ..ipc.buffers import RECEIVE_POOL
+from ..logs import get_logger
 from . import http2
 from .grpc_codec import WireResponse
 from .inflate import TooLarge, inflate
 
-log = logging.getLogger("tritonmp.grpc")
+log = get_logger("grpc")
 
 
 class Code(enum.IntEnum):

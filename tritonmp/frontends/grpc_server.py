@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import re
 
 import grpc
@@ -19,6 +18,7 @@ from tritonclient.grpc import service_pb2 as pb
 from .. import __version__
 from ..dataplane import Dataplane
 from ..errors import ServerError, Status
+from ..logs import get_logger
 from . import grpc_codec
 from .grpc_protocol import (
     CALL_METADATA,
@@ -34,7 +34,7 @@ from .header_forwarding import forwarded
 from .http2 import Keepalive
 from .restricted import GRPC_GROUP, Restrictions, grpc_message
 
-log = logging.getLogger("tritonmp.grpc")
+log = get_logger("grpc")
 
 SERVICE = "inference.GRPCInferenceService"
 FINAL = "triton_final_response"  # on every streamed response: is it its request's last

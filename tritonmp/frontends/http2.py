@@ -10,14 +10,15 @@ indexes what it sends, so its HPACK encoder needs no state.
 from __future__ import annotations
 
 import asyncio
-import logging
 import struct
 from dataclasses import dataclass
 from typing import Protocol
 
 import hpack
 
-log = logging.getLogger("tritonmp.http2")
+from ..logs import get_logger
+
+log = get_logger("http2")
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)

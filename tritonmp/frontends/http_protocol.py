@@ -29,7 +29,6 @@ while requests it sent ahead wait their turn (`PipelineFlowControl`).
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import resource
 import weakref
@@ -42,9 +41,10 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..errors import ServerError, unavailable
 from ..ipc.buffers import RECEIVE_POOL
+from ..logs import get_logger
 from .header_forwarding import forwarded
 
-log = logging.getLogger("tritonmp.http")
+log = get_logger("http")
 
 
 @dataclass(frozen=True)

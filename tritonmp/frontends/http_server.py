@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import logging
 import re
 import zlib
 
@@ -19,13 +18,14 @@ import orjson
 from .. import __version__
 from ..dataplane import EXTENSIONS, Dataplane
 from ..errors import ServerError, invalid, too_large, unsupported
+from ..logs import get_logger
 from . import generate, http_codec, json_offload
 from .http_protocol import BODY_KEY, FORWARDED_KEY, JSON_HEADERS, ReceivedBody, binary_headers
 from .inflate import TooLarge, inflate
 from .request_params import unsigned, wrong_json_type
 from .restricted import HTTP_GROUP, Restrictions, http_message
 
-log = logging.getLogger("tritonmp.http")
+log = get_logger("http")
 
 _TEXT = [(b"content-type", b"text/plain")]
 

@@ -9,12 +9,12 @@ incarnation it belongs to, and the socket's end is itself a sign of the worker's
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 
+from ..logs import get_logger
 from . import buffers, transport
 
-log = logging.getLogger("tritonmp.channel")
+log = get_logger("channel")
 
 SCRATCH = 256 * 1024  # reads land here unless a large message is being filled
 

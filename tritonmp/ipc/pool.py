@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..errors import ServerError, Status
+from ..logs import get_logger
 from ..observability.custom_metrics import CustomMetrics
 from ..observability.stats import ModelStats
 from ..scheduling import batching
@@ -36,7 +37,7 @@ from .arena import Arena, segment_name
 from .channel import Channel
 from .output_arenas import OutputArenas
 
-log = logging.getLogger("tritonmp.pool")
+log = get_logger("pool")
 
 _uids = itertools.count(1)
 RESTART_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -54,6 +55,12 @@ class Ahead:
     in_arena: int  # the index of its input arena
     out_arena: int  # the index of its output arena
     encode_ns: int
+
+
+def stream_key(batch_id: int, index: int) -> int:
+    """A request's key among an instance's open streams: its batch id and its index in that batch,
+    as one int (no tuple made and freed per request)."""
+    return batch_id << 32 | index
 
 
 @dataclass
@@ -108,7 +115,7 @@ class Instance:
         self.kill_reason = ""  # why we killed the worker, when we did
         # requests that may be answered by STREAM messages (decoupled models, python models' response
         # senders), by (batch id, index in the batch), until their final response
-        self.streams: dict[tuple[int, int], InferRequest] = {}
+        self.streams: dict[int, InferRequest] = {}  # by stream_key(batch id, index)
         self._deadline: asyncio.TimerHandle | None = None  # the progress watchdog of the batch in flight
         self.calls: dict[int, asyncio.Task] = {}  # the worker's decoupled BLS calls in progress, by number
         self._watch: asyncio.Task | None = None
@@ -261,7 +268,7 @@ class Instance:
         for index, request in enumerate(batch):
             if request.stream is not None:
                 continue  # ended with the open streams
-            if self.pool.senders and self.streams.pop((batch_id, index), None) is None:
+            if self.pool.senders and self.streams.pop(stream_key(batch_id, index), None) is None:
                 continue  # already answered through its response sender
             self.pool.stats.finished(False, request.batch_size, now - request.arrival_ns)
             if not request.future.done():
@@ -369,7 +376,7 @@ class Instance:
     def _on_stream(self, msg: transport.StreamResponse, frames) -> None:
         """A response sent through a response sender (any number for a decoupled model, one for a
         python model that answers that way), for a request that may have finished executing."""
-        key = (msg.batch_id, msg.index)
+        key = stream_key(msg.batch_id, msg.index)
         request = self.streams.get(key)
         if request is None:
             return
@@ -522,7 +529,7 @@ class Instance:
         if self.pool.decoupled or self.pool.senders:
             watch = self._watch_cancel
             for index, request in enumerate(batch):
-                self.streams[(batch_id, index)] = request
+                self.streams[stream_key(batch_id, index)] = request
                 if request.cancellable:
                     request.future.add_done_callback(watch)
 
@@ -552,7 +559,7 @@ class Instance:
     def _run_again(self, batch_id: int, index: int, request: InferRequest) -> None:
         """The model rescheduled the request (iterative sequences): back to the front of the queue, its
         client still waiting."""
-        self.streams.pop((batch_id, index), None)
+        self.streams.pop(stream_key(batch_id, index), None)
         if request.future.done():
             return  # its client has gone
         self.pool.reschedule(request)
@@ -566,10 +573,10 @@ class Instance:
                 if request.future is future:
                     self._cancel(key)
 
-    def _cancel(self, key: tuple[int, int]) -> None:
-        """Tell the worker that the request `key` (batch id, index) is cancelled."""
+    def _cancel(self, key: int) -> None:
+        """Tell the worker that the request `key` (its stream_key) is cancelled."""
         if key in self.streams and self.channel is not None:
-            self.channel.send(transport.CANCEL, transport.encode(transport.Cancel(*key)), [])
+            self.channel.send(transport.CANCEL, transport.encode(transport.Cancel(key >> 32, key & 0xFFFFFFFF)), [])
 
     def _hung(self) -> None:
         """The progress watchdog: a batch that does not finish in time takes its worker down."""
@@ -597,7 +604,7 @@ class Instance:
                                 self.encode_ns + result.input_ns, result.infer_ns, result.output_ns)
             if result.error:
                 for index, request in enumerate(batch):
-                    if self.streams.pop((result.batch_id, index), None) is not None:
+                    if self.streams.pop(stream_key(result.batch_id, index), None) is not None:
                         self._close_stream(request, ServerError(result.error, Status.INTERNAL))
             elif len(result.responses) == len(batch):
                 for index, request in enumerate(batch):
@@ -640,7 +647,7 @@ class Instance:
         deferred = pool.senders and not result.error and len(result.responses) == len(batch)
         for index, (request, response) in enumerate(zip(batch, responses)):
             if not_run and index in not_run:
-                self.streams.pop((result.batch_id, index), None)
+                self.streams.pop(stream_key(result.batch_id, index), None)
                 continue
             if pool.senders:
                 if deferred and result.responses[index].rescheduled:
@@ -648,7 +655,7 @@ class Instance:
                     continue
                 if deferred and result.responses[index].deferred:
                     continue  # answered through its response sender, already or later
-                if self.streams.pop((result.batch_id, index), None) is None:
+                if self.streams.pop(stream_key(result.batch_id, index), None) is None:
                     continue  # already answered through its response sender
                 if request.cancellable:
                     request.future.remove_done_callback(self._watch_cancel)  # its client is answered here

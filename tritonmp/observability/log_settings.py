@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from .. import logs
 from ..errors import invalid, unsupported
 
 FORMATS = {
@@ -16,22 +17,26 @@ FORMATS = {
 
 class LogSettings:
     def __init__(self, verbose: int = 0, info: bool = True, warning: bool = True, error: bool = True,
-                 log_format: str = "default", log_file: str = "", logger: str = ""):
+                 log_format: str = "default", log_file: str = "", owns_process: bool = True):
         self.settings = {"log_file": log_file, "log_info": info, "log_warning": warning, "log_error": error,
                          "log_verbose_level": verbose, "log_format": log_format}
         self.handler: logging.Handler | None = None
-        # the root logger for the `tritonmp` command; "tritonmp" inside another program, whose own
-        # logging is left alone
-        self.logger = logger
+        # the server's own loggers always; the program's root logger too for the `tritonmp` command,
+        # but not inside another program (the in-process API), whose own logging is left alone
+        self.roots = [logs.ROOT, logging.getLogger()] if owns_process else [logs.ROOT]
         self.apply()
+
+    def close(self) -> None:
+        """Detach and close this server's handler (the in-process server stops)."""
+        if self.handler is not None:
+            for root in self.roots:
+                root.removeHandler(self.handler)
+            self.handler.close()
+            self.handler = None
 
     def apply(self) -> None:
         s = self.settings
-        root = logging.getLogger(self.logger)
-        root.propagate = not self.logger
-        if self.handler is not None:
-            root.removeHandler(self.handler)
-            self.handler.close()
+        self.close()
         self.handler = logging.FileHandler(s["log_file"]) if s["log_file"] else logging.StreamHandler(sys.stderr)
         fmt, datefmt = FORMATS[s["log_format"]]
         formatter = logging.Formatter(fmt, datefmt)
@@ -40,7 +45,6 @@ class LogSettings:
 
             formatter.converter = time.gmtime
         self.handler.setFormatter(formatter)
-        root.addHandler(self.handler)
         if s["log_verbose_level"] > 0 and s["log_info"]:
             level = logging.DEBUG
         elif s["log_info"]:
@@ -51,7 +55,9 @@ class LogSettings:
             level = logging.ERROR
         else:
             level = logging.CRITICAL + 1
-        root.setLevel(level)
+        for root in self.roots:
+            root.addHandler(self.handler)
+            root.setLevel(level)
         for noisy in ("uvicorn.error", "uvicorn"):
             logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import os
 from pathlib import Path
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ..logs import get_logger
 from .stats import LATENCY_BUCKETS_US
 from .status import StatusHistory
 from .status import status as status_document
 
-log = logging.getLogger("tritonmp.metrics")
+log = get_logger("metrics")
 
 FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

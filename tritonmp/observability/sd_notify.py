@@ -5,11 +5,12 @@ systemd hands over in WATCHDOG_USEC. Does nothing when NOTIFY_SOCKET is not set.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import socket
 
-log = logging.getLogger("tritonmp.systemd")
+from ..logs import get_logger
+
+log = get_logger("systemd")
 
 
 class Notifier:

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import os
 import threading
 import time
 from dataclasses import dataclass, field
 
 from ..errors import invalid, unsupported
+from ..logs import get_logger
 
-log = logging.getLogger("tritonmp.trace")
+log = get_logger("trace")
 
 LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 DEFAULTS = {"trace_file": "", "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",

@@ -5,7 +5,6 @@ at the same time. Step outputs feed the next steps without leaving the frontend.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import deque
 
@@ -14,12 +13,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..classification import read_labels
 from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..errors import ServerError, Status, unsupported
+from ..logs import get_logger
 from ..observability.stats import ModelStats
 from ..repository import config as cfg
 from ..validation import TensorConfig
 from .scheduler import transfer_outcome
 
-log = logging.getLogger("tritonmp.ensemble")
+log = get_logger("ensemble")
 
 
 class EnsembleSteps:
@@ -36,6 +36,10 @@ class EnsembleSteps:
         self.stats = ModelStats(name, version)
         self.instances: list = []  # an ensemble has no worker of its own
         self.bls = None  # the dataplane's infer, set by the model manager
+
+    def sent_ahead(self) -> int:
+        """An ensemble's requests never wait behind a running batch: none is ever sent ahead."""
+        return 0
 
 
 class EnsembleScheduler:

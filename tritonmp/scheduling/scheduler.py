@@ -8,7 +8,6 @@ an idle instance.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -17,9 +16,10 @@ from dataclasses import dataclass, field
 from ..core import InferRequest
 from ..errors import invalid, unavailable
 from ..ipc.pool import InstancePool
+from ..logs import get_logger
 from .precise_timer import PreciseTimer
 
-log = logging.getLogger("tritonmp.scheduler")
+log = get_logger("scheduler")
 
 
 class BatchPolicy:

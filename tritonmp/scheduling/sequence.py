@@ -9,7 +9,6 @@ one batch: the state a model keeps per sequence stays where it was, and ordering
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -21,9 +20,10 @@ from .. import datatypes
 from ..core import InferRequest, Tensor
 from ..errors import invalid
 from ..ipc.pool import Instance, InstancePool
+from ..logs import get_logger
 from .scheduler import DrainWaiters
 
-log = logging.getLogger("tritonmp.sequence")
+log = get_logger("sequence")
 Kind = mc.ModelSequenceBatching.Control
 
 

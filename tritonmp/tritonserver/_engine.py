@@ -24,6 +24,7 @@ class Engine(ServerCore):
                  cache: ResponseCache | None, server_id: str, log_settings: LogSettings):
         super().__init__(options, model_control=model_control, strict_readiness=strict_readiness, cache=cache,
                          server_id=server_id, log_settings=log_settings)
+        self.log_settings = log_settings  # closed when the server stops
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run_loop, name="tritonmp-engine", daemon=True)
         self.stopped = False
@@ -101,6 +102,7 @@ class Engine(ServerCore):
             self.thread.join(timeout + 5)
             if not self.thread.is_alive():
                 self.loop.close()
+            self.log_settings.close()  # its log file is closed: the server's records end with it
 
 
 class Submission:

@@ -159,7 +159,7 @@ class Server:
         verbose = o.log_verbose > 0  # verbose logging turns the other levels on, as in Triton
         log_settings = LogSettings(o.log_verbose, o.log_info or verbose, o.log_warn or verbose, o.log_error or verbose,
                                    "ISO8601" if o.log_format == LogFormat.ISO8601 else "default", o.log_file or "",
-                                   logger="tritonmp")
+                                   owns_process=False)
         engine = Engine(server_options, model_control=control, strict_readiness=o.strict_readiness, cache=cache,
                         server_id=o.server_id, log_settings=log_settings)
         engine.metrics_settings = (o.cpu_metrics, o.gpu_metrics, max(0.1, o.metrics_interval / 1000))
