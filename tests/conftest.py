@@ -495,7 +495,10 @@ def raw_binary_answers(port: int) -> list[tuple]:
     try:  # the same, chunked
         conn.request("POST", "/v2/models/one_var/infer", body=iter([f[:8], f[8:]]), headers=raw, encode_chunked=True)
         response = conn.getresponse()
-        out.append(("chunked", len(f), response.status, response.getheader("content-type"), response.read(), b""))
+        data = response.read()
+        split = int(response.getheader("inference-header-content-length", len(data)))
+        out.append(("chunked", len(f), response.status, response.getheader("content-type"), data[:split].decode(),
+                    data[split:]))
     finally:
         conn.close()
     return out

@@ -36,12 +36,16 @@ def test_concurrent_requests_reach_execute_together(server):
 def test_requests_of_different_shapes_are_never_merged(server):
     xs = [np.full((1, 2 + i % 2), i, dtype=np.float32) for i in range(16)]
     xs.sort(key=lambda x: x.shape[1])
-    for _, m in _all_at_once(server, xs):
+    results = _all_at_once(server, xs)
+    assert max(n for n, _ in results) > 1, "nothing was batched: the test proves nothing"
+    for _, m in results:
         assert m == 1
 
 
 def test_batch_sizes_add_up_to_at_most_max_batch_size(server):
-    for n, _ in _all_at_once(server, [np.full((3, 2), i, dtype=np.float32) for i in range(8)]):
+    results = _all_at_once(server, [np.full((3, 2), i, dtype=np.float32) for i in range(8)])
+    assert max(n for n, _ in results) == 2, "no batch of two: the test proves nothing"
+    for n, _ in results:
         assert n * 3 <= 8  # batches of 3 rows: at most two requests fit in max_batch_size 8
 
 

@@ -217,11 +217,17 @@ def test_http2_frames(chunks):
 @example('name: "x" max_batch_size: -1 input [ { name: "A" data_type: TYPE_FP32 dims: [ 0 ] } ]')
 @example("input { dims: [ 99999999999999999999 ] }")
 def test_config_text(text):
+    """Any text is parsed into a config or refused with a ConfigProblem naming the file; a parsed one is
+    checked into a list of problems (never an exception), each naming the file."""
     try:
         config = cfg.parse_text(text, "config.pbtxt")
-    except cfg.ConfigProblem:
+    except cfg.ConfigProblem as e:
+        assert str(e).startswith("config.pbtxt: ")
         return
-    cfg.check_fields(config, "config.pbtxt")  # problems are returned, never raised
+    problems = cfg.check_fields(config, "config.pbtxt")
+    assert isinstance(problems, list)
+    for problem in problems:
+        assert isinstance(problem, cfg.ConfigProblem) and str(problem).startswith("config.pbtxt: "), problem
 
 
 @pytest.fixture
@@ -249,20 +255,35 @@ PATH_PARTS = st.sampled_from(["1", "model.py", "..", ".", "", "a" * 300, "x\0y",
 @example("1/" + "a" * 300)
 @example("/1/model.py")
 def test_upload_paths_stay_inside_the_model_directory(tmp_path, rel):
+    """Upload names are written under a temporary directory four levels down in tmp_path, so that a
+    name that climbed out of the model directory (up to four levels) would land where this test
+    looks: every file written is inside the model directory, and nothing is left once removed."""
+    import shutil
+    import tempfile
+
     from tritonmp.repository.model_manager import _write_files
 
-    before = set(os.listdir(tmp_path))
+    base = tmp_path / "a" / "b" / "c" / "d"
+    base.mkdir(parents=True, exist_ok=True)
+
+    def files_under(top):
+        return [os.path.join(d, f) for d, _, names in os.walk(top) for f in names]
+
+    saved, tempfile.tempdir = tempfile.tempdir, str(base)
     try:
         root, model = _write_files("m", {rel: b"x"})
     except ServerError as e:
-        assert e.status.http_status == 400 and "/tmp" not in e.message
+        assert e.message.startswith("failed to load 'm', failed to poll from model repository: ")
+        assert str(tmp_path) not in e.message and "/tmp" not in e.message  # no path of the server's disk
+        assert files_under(tmp_path) == [], "a refused upload left files behind"
         return
-    try:
-        for dirpath, _, files in os.walk(root):
-            for f in files:
-                assert os.path.realpath(os.path.join(dirpath, f)).startswith(os.path.realpath(model) + os.sep)
     finally:
-        import shutil
-
+        tempfile.tempdir = saved
+    try:
+        written = files_under(tmp_path)
+        assert len(written) == 1, written  # the one file, and nowhere else
+        assert os.path.realpath(written[0]).startswith(os.path.realpath(model) + os.sep)
+        assert os.path.realpath(root).startswith(os.path.realpath(base) + os.sep)
+    finally:
         shutil.rmtree(root)
-    assert set(os.listdir(tmp_path)) == before
+    assert files_under(tmp_path) == []

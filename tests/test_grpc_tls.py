@@ -38,6 +38,13 @@ def _infer(url, **ssl):
     return client.infer("add", inputs).as_numpy("C")
 
 
+def _refused_by_the_handshake(error: InferenceServerException) -> None:
+    """The server took the connection and closed it at the TLS handshake: not a refused connection
+    (nothing listening) nor an answer from a server that skipped TLS."""
+    assert error.status() == "StatusCode.UNAVAILABLE", error
+    assert "Socket closed" in error.message() or "handshake" in error.message().lower(), error.message()
+
+
 @pytest.mark.parametrize("engine", ["builtin", "grpcio"])
 def test_tls(start_server, example_repo, certs, engine):
     server = start_server([example_repo], f"--grpc-engine={engine}", "--grpc-use-ssl=true",
@@ -45,8 +52,10 @@ def test_tls(start_server, example_repo, certs, engine):
                           "--grpc-server-key", str(certs / "server.key"))
     url = f"localhost:{server.grpc_port}"
     np.testing.assert_array_equal(_infer(url, root_certificates=str(certs / "ca.crt")), np.full((1, 3), 2.0))
-    with pytest.raises(InferenceServerException):
+    with pytest.raises(InferenceServerException) as e:
         grpcclient.InferenceServerClient(url).is_server_live()  # plaintext to a TLS port fails
+    _refused_by_the_handshake(e.value)
+    np.testing.assert_array_equal(_infer(url, root_certificates=str(certs / "ca.crt")), np.full((1, 3), 2.0))
 
 
 @pytest.mark.parametrize("engine", ["builtin", "grpcio"])
@@ -58,5 +67,9 @@ def test_mutual_tls_requires_a_client_certificate(start_server, example_repo, ce
     got = _infer(url, root_certificates=str(certs / "ca.crt"), private_key=str(certs / "client.key"),
                  certificate_chain=str(certs / "client.crt"))
     np.testing.assert_array_equal(got, np.full((1, 3), 2.0))
-    with pytest.raises(InferenceServerException):
+    with pytest.raises(InferenceServerException) as e:
         _infer(url, root_certificates=str(certs / "ca.crt"))
+    _refused_by_the_handshake(e.value)
+    again = _infer(url, root_certificates=str(certs / "ca.crt"), private_key=str(certs / "client.key"),
+                   certificate_chain=str(certs / "client.crt"))
+    np.testing.assert_array_equal(again, np.full((1, 3), 2.0))

@@ -33,14 +33,19 @@ class HealthProbe:
 
     def __init__(self, port: int):
         self.port, self.slowest, self.calls, self.stop = port, 0.0, 0, threading.Event()
+        self.failure: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
-        while not self.stop.is_set():
-            started = time.perf_counter()
-            assert http_request(self.port, "GET", "/v2/health/live")[0] == 200
-            self.slowest = max(self.slowest, time.perf_counter() - started)
-            self.calls += 1
+        try:
+            while not self.stop.is_set():
+                started = time.perf_counter()
+                status = http_request(self.port, "GET", "/v2/health/live")[0]
+                assert status == 200, f"/v2/health/live answered {status}"
+                self.slowest = max(self.slowest, time.perf_counter() - started)
+                self.calls += 1
+        except BaseException as e:  # raised again in the test's own thread, by __exit__
+            self.failure = e
 
     def __enter__(self):
         self.thread.start()
@@ -49,6 +54,9 @@ class HealthProbe:
     def __exit__(self, *exc):
         self.stop.set()
         self.thread.join(30)
+        assert not self.thread.is_alive(), "the health probe hung"
+        if self.failure is not None:
+            raise AssertionError(f"a health call failed while the test ran: {self.failure!r}") from self.failure
 
 
 @pytest.fixture(scope="module")

@@ -74,8 +74,11 @@ def test_batches_sent_ahead_answer_every_request_with_its_own_data(start_server,
 
     def one(group: int, i: int) -> None:
         x = np.random.default_rng(group * 4 + i).integers(0, 10, WIDE).tolist()
-        if _infer(server, model, x) != [2 * v for v in x]:
-            wrong.append(f"batch {group} request {i}")
+        try:
+            if _infer(server, model, x) != [2 * v for v in x]:
+                wrong.append(f"batch {group} request {i}: wrong answer")
+        except Exception as e:  # a failed request fails the test, not only its thread
+            wrong.append(f"batch {group} request {i}: {e!r}")
 
     try:
         for group in range(1, GROUPS + 1):

@@ -510,6 +510,7 @@ def test_output_with_the_wrong_batch_dimension_fails_every_request(arena):
     result = transport.Result(1, [transport.ResponseHeader(outputs=[
         transport.TensorRef("C", "FP32", [3, 3], frame=0, nbytes=36)])])
     responses = batching.decode(result, reqs, True, [_Frame(bytes(36))], arena, {"C": "FP32"}, "m", "1")
+    assert len(responses) == 2
     assert all("first dimension should be the batch size 2" in str(r) for r in responses)
 
 
