@@ -1,13 +1,13 @@
 # make serve: set up .venv, build the example repository, start the server on it.
-# make test:  the same set-up, the CPU frameworks' extras (OpenVINO, TensorFlow, PyTorch), then the
-#             whole test suite.
+# make test:  the same set-up, the CPU frameworks' extras (OpenVINO, TensorFlow, PyTorch), the type
+#             checker (make typecheck), then the whole test suite.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 REPO := configs/model_repository
 ARGS ?=
 
-.PHONY: install frameworks node-client example-repo serve test test-compat lint bench clean
+.PHONY: install frameworks node-client example-repo serve typecheck test test-compat lint bench clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,12 @@ example-repo: $(REPO)/add/1/model.onnx
 serve: example-repo
 	$(BIN)/tritonmp --model-repository $(REPO) --workers auto $(ARGS)
 
-test: example-repo frameworks node-client
+# mypy over tritonmp/ and workers/, as pyproject.toml configures it: the contracts between the parts
+# (tritonmp/served.py, workers/backend.py) are checked before any test runs
+typecheck: install
+	$(BIN)/mypy
+
+test: example-repo frameworks node-client typecheck
 	$(BIN)/python -m pytest -q -m "not compat and not container" $(ARGS)
 
 # Installs the reference Triton server (../shared/anchors/setup.sh) when it is missing, then compares.

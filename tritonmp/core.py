@@ -6,6 +6,7 @@ in a third of a slotted dataclass's time."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgspec
 
@@ -16,14 +17,14 @@ class Tensor(msgspec.Struct):
     name: str
     datatype: str
     shape: list[int]
-    data: object = b""  # bytes, bytearray, memoryview; a ShmRef in a client region; None once written there
+    data: Any = b""  # bytes, bytearray, memoryview; a ShmRef in a client region; None once written there
     parameters: dict = msgspec.field(default_factory=dict)
 
 
 class RequestedOutput(msgspec.Struct):
     name: str
     parameters: dict = msgspec.field(default_factory=dict)
-    shm: object = None  # a ShmRef when the client wants the output written into its region
+    shm: Any = None  # a ShmRef when the client wants the output written into its region
 
 
 class InferRequest(msgspec.Struct):
@@ -39,7 +40,7 @@ class InferRequest(msgspec.Struct):
     arrival_ns: int = 0
     queue_ns: int = 0  # how long it waited in the queue, once it is sent to an instance
     future: asyncio.Future | None = None
-    trace: object = None  # a tracing.Trace when this request is sampled
+    trace: Any = None  # a tracing.Trace when this request is sampled
     priority: int = 0  # the scheduler's priority level
     deadline_ns: int = 0  # when its queue timeout runs out (0: never)
     delayed: bool = False  # its timeout ran out under timeout_action DELAY

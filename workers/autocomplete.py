@@ -25,6 +25,8 @@ def main() -> int:
     sys.path.insert(0, os.path.dirname(path))
     try:
         spec = importlib.util.spec_from_file_location("tritonmp_autocomplete_model", path)
+        if spec is None or spec.loader is None:
+            raise ValueError(f"cannot load {os.path.basename(path)} as a python module")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         completer = getattr(module.TritonPythonModel, "auto_complete_config", None)

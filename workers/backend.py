@@ -1,10 +1,14 @@
-"""What the worker loop hands a backend, and what a backend hands back."""
+"""What the worker loop hands a backend, what a backend hands back, and the contract every backend
+implements (Backend): the worker loop reads nothing else of it."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from tritonmp.ipc.transport import TensorSpec
 
 
 @dataclass
@@ -44,6 +48,28 @@ class WorkResponse:
     parameters: dict = field(default_factory=dict)  # the response's own parameters, for the client
     deferred: bool = False  # the response went, or will go, through the request's response sender
     rescheduled: bool = False  # run the request again in a later batch (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+
+
+class Backend(ABC):
+    """A model loaded in a worker: built from (WorkerSpec, its config as a dict), raising BackendError
+    with the reason when it cannot load."""
+
+    # what the loop may hand it, besides plain inputs and the output arena's frames
+    writes_device_outputs = False  # it copies outputs into the client's CUDA regions itself
+    writes_arena_outputs = False  # it writes outputs of known shapes into the batch's output arena
+    uses_senders = False  # its requests carry response senders and cancellation flags (python models)
+    detail = ""  # a line for the server's log when it is ready: providers, threads, device
+
+    @abstractmethod
+    def metadata(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        """The model's inputs and outputs as the model itself declares them."""
+
+    @abstractmethod
+    def execute(self, requests: list[WorkRequest]) -> list[WorkResponse]:
+        """One answer per request, in order."""
+
+    def finalize(self) -> None:  # noqa: B027 - most backends hold nothing the process's exit does not free
+        """Release what the model holds; the worker exits after."""
 
 
 class BackendError(Exception):

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 
 from .backend import BackendError
 
 
 def describe(backend: str, path: str, config: dict) -> tuple:
+    read: Callable[[str, dict], tuple]
     if backend == "openvino":
         from .openvino_backend import describe as read
     elif backend == "tensorflow":

@@ -26,7 +26,7 @@ from tritonmp import datatypes
 from tritonmp.ipc import transport
 from tritonmp.ipc.arena import Arena
 
-from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor
+from .backend import Backend, BackendError, WorkRequest, WorkResponse, WorkTensor
 from .client_shm import ClientRegions
 from .cuda_shm import CudaRegions
 from .heap import HeapRetention
@@ -61,7 +61,7 @@ BACKENDS = {
 }
 
 
-def load_backend(spec: transport.WorkerSpec, config: dict):
+def load_backend(spec: transport.WorkerSpec, config: dict) -> Backend:
     if spec.backend not in BACKENDS:
         raise BackendError(f"backend '{spec.backend}' is not available in this server")
     module, cls = BACKENDS[spec.backend]
@@ -80,7 +80,7 @@ class Worker:
         # the frontend lends out an arena whose outputs it hands on, and names another for the next batch
         self.out_arenas = [Arena(name, 0, create=False) for name in spec.out_arenas]
         self.out_arena = self.out_arenas[0]
-        self.backend = None
+        self.backend: Backend | None = None
         self.client_regions = ClientRegions()
         self.cuda_regions = CudaRegions(spec.device_id, spec.kind, spec.instance_name)
         self.metric_outbox: deque = deque()
@@ -233,7 +233,7 @@ class Worker:
                 pb_utils.SharedMemory._arena = self.out_arena
             self.backend = load_backend(self.spec, config)
             inputs, outputs = self.backend.metadata()
-            detail = getattr(self.backend, "detail", "")
+            detail = self.backend.detail
         except BackendError as e:
             self.send(transport.LOAD_FAILED, transport.LoadFailed(os.getpid(), str(e)))
             return False
@@ -247,6 +247,7 @@ class Worker:
         return True
 
     def decode_tensor(self, ref: transport.TensorRef, frames) -> WorkTensor:
+        buf: bytes | bytearray | memoryview
         if ref.cuda_handle:
             buf = self.cuda_regions.read(ref.cuda_handle, ref.shm_id, ref.cuda_device, ref.offset, ref.nbytes)
         elif ref.shm_key:
@@ -327,7 +328,9 @@ class Worker:
         except (ValueError, TypeError) as e:  # a client region that cannot be mapped, malformed BYTES, too short
             self.send(transport.RESULT, transport.Result(header.batch_id, [], error=str(e)))
             return
-        on_device = getattr(self.backend, "writes_device_outputs", False)
+        backend = self.backend
+        assert backend is not None, "batches come only after the model loaded"
+        on_device = backend.writes_device_outputs
         try:
             for request, r in zip(requests, header.requests):
                 for dest in r.shm_outputs:
@@ -341,7 +344,7 @@ class Worker:
         except ValueError as e:  # a client region that cannot be mapped or opened
             self.send(transport.RESULT, transport.Result(header.batch_id, [], error=str(e)))
             return
-        uses_senders = getattr(self.backend, "uses_senders", False)
+        uses_senders = backend.uses_senders
         not_run: list[int] = []
         if uses_senders:
             flags = self.inbox.cancel_flags_for(header.batch_id, len(requests))
@@ -352,13 +355,13 @@ class Worker:
                 self.inbox.poll()
                 not_run = [index for index, flag in enumerate(flags) if flag.cancelled]
         self.out_arena.reset()
-        if getattr(self.backend, "writes_arena_outputs", False):
+        if backend.writes_arena_outputs:
             for request in requests:
                 request.arena_alloc = self.arena_alloc
         run = [r for index, r in enumerate(requests) if index not in not_run] if not_run else requests
         t1 = time.perf_counter_ns()
         try:
-            responses = self.backend.execute(run) if run else []
+            responses = backend.execute(run) if run else []
             batch_error = ""
         except BackendError as e:
             responses, batch_error = [], str(e)
@@ -376,13 +379,14 @@ class Worker:
                 if batch_error or index in not_run or (index < len(responses) and (not responses[index].deferred
                                                                                    or responses[index].rescheduled))])
         encode = self.encode_tensor
-        for request, r in zip(header.requests, responses):
-            dests = {d.name: d for d in request.shm_outputs} if request.shm_outputs else None
+        for sent, answer in zip(header.requests, responses):
+            dests = {d.name: d for d in sent.shm_outputs} if sent.shm_outputs else None
             try:
-                refs = [encode(t, out_frames, dests.get(t.name) if dests else None) for t in r.outputs]
-                headers.append(transport.ResponseHeader(outputs=refs, error=r.error, error_status=r.error_status,
-                                                        parameters=r.parameters, deferred=r.deferred,
-                                                        rescheduled=r.rescheduled))
+                refs = [encode(t, out_frames, dests.get(t.name) if dests else None) for t in answer.outputs]
+                headers.append(transport.ResponseHeader(outputs=refs, error=answer.error,
+                                                        error_status=answer.error_status,
+                                                        parameters=answer.parameters, deferred=answer.deferred,
+                                                        rescheduled=answer.rescheduled))
             except OutputError as e:
                 headers.append(transport.ResponseHeader(error=str(e)))
             except (ValueError, TypeError, KeyError) as e:

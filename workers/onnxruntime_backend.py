@@ -6,12 +6,13 @@ for KIND_GPU instances; and Triton's execution accelerators, onnxruntime's Tenso
 from __future__ import annotations
 
 import os
+from typing import cast
 
 import numpy as np
 
 from tritonmp.ipc.transport import TensorSpec, WorkerSpec
 
-from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor
+from .backend import Backend, BackendError, WorkRequest, WorkResponse, WorkTensor
 
 _ORT_TO_TRITON = {
     "tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(float16)": "FP16",
@@ -22,7 +23,7 @@ _ORT_TO_TRITON = {
 }
 
 
-_NUMPY_OF_ORT = {
+_NUMPY_OF_ORT: dict[str, np.dtype] = {
     "tensor(float)": np.dtype(np.float32), "tensor(double)": np.dtype(np.float64),
     "tensor(float16)": np.dtype(np.float16), "tensor(int8)": np.dtype(np.int8), "tensor(int16)": np.dtype(np.int16),
     "tensor(int32)": np.dtype(np.int32), "tensor(int64)": np.dtype(np.int64), "tensor(uint8)": np.dtype(np.uint8),
@@ -72,8 +73,9 @@ def _tensorrt_options(params: dict) -> dict:
             elif mode == "INT8":
                 options["trt_fp16_enable"] = options["trt_int8_enable"] = True
         elif key in _TRT_RENAMED:
-            if _TRT_RENAMED[key]:
-                options[_TRT_RENAMED[key]] = value
+            renamed = _TRT_RENAMED[key]
+            if renamed:
+                options[renamed] = value
         elif key.startswith("trt_"):
             options[key] = value
         else:
@@ -115,7 +117,7 @@ def execution_providers(config: dict, kind: str, available: list[str]) -> list:
     return chosen + ["CPUExecutionProvider"]
 
 
-class OnnxRuntimeBackend:
+class OnnxRuntimeBackend(Backend):
     writes_arena_outputs = True  # outputs of known shapes go straight into the batch's output arena
 
     def __init__(self, spec: WorkerSpec, config: dict):
@@ -204,13 +206,14 @@ class OnnxRuntimeBackend:
             meta = self.output_meta[name]
             buffer = buffers.get(name)
             dtype = _NUMPY_OF_ORT.get(meta.type)
-            shape = [d if isinstance(d, int) else None for d in (meta.shape or [])]
+            shape: list[int | None] = [d if isinstance(d, int) else None for d in (meta.shape or [])]
             if shape and shape[0] is None and batch is not None and self.batches:
                 shape[0] = batch
             if dtype is None or None in shape:
                 binding.bind_output(name, "cpu")
                 continue
-            count = int(np.prod(shape, dtype=np.int64))
+            dims = cast("list[int]", shape)  # every dimension known, as just checked
+            count = int(np.prod(dims, dtype=np.int64))
             nbytes = count * dtype.itemsize
             offset = -1
             if buffer is None:
@@ -221,8 +224,8 @@ class OnnxRuntimeBackend:
                 buffer, offset = room
             elif nbytes > buffer.nbytes:
                 return None  # the frontend's size check reports it, on the ordinary path
-            target = np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
-            binding.bind_output(name, "cpu", 0, dtype, shape, target.ctypes.data)
+            target = np.frombuffer(buffer, dtype=dtype, count=count).reshape(dims)
+            binding.bind_output(name, "cpu", 0, dtype, dims, target.ctypes.data)
             targets[name] = (target, offset)
         if not targets:
             return None

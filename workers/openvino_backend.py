@@ -17,7 +17,17 @@ import numpy as np
 from tritonmp import datatypes
 from tritonmp.ipc.transport import TensorSpec, WorkerSpec
 
-from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor, check_io, model_path, param, tensor_dict
+from .backend import (
+    Backend,
+    BackendError,
+    WorkRequest,
+    WorkResponse,
+    WorkTensor,
+    check_io,
+    model_path,
+    param,
+    tensor_dict,
+)
 
 # parameters that mean something to every backend of this server
 GENERAL_PARAMETERS = {"execution_timeout_secs"}
@@ -123,7 +133,7 @@ def describe(path: str, config: dict) -> tuple[list[dict], list[dict]]:
     return _io(model)
 
 
-class OpenVinoBackend:
+class OpenVinoBackend(Backend):
     def __init__(self, spec: WorkerSpec, config: dict):
         props = device_properties(config)
         ov, core, model = _read(model_path(spec, config), config)

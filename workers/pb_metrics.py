@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 
 class MetricKind(enum.IntEnum):
@@ -18,14 +20,21 @@ class MetricKind(enum.IntEnum):
     HISTOGRAM = 2
 
 
-class _ModelError(Exception):
+class _StandIn(Exception):
     """Stands for pb_utils.TritonModelException, set by pb_utils (which imports this module)."""
+
+
+_ModelError: type[Exception] = _StandIn  # pb_utils.TritonModelException, once pb_utils is imported
 
 
 # Set by the worker: call(op, args) -> float asks the frontend and waits; send(op, family, labels, value)
 # does not wait.
-_call = None
-_send = None
+def _outside_a_worker(*_args: Any) -> Any:
+    raise _ModelError("custom metrics are only available to a model served by tritonmp")
+
+
+_call: Callable[[str, dict], float] = _outside_a_worker
+_send: Callable[[str, str, dict, float], None] = _outside_a_worker
 # deletions of released objects, sent by the worker with its next message (never from __del__ itself,
 # which may run in the middle of another send)
 outbox: deque = deque()

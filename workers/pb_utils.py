@@ -12,10 +12,13 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from tritonmp import datatypes
+from tritonmp.ipc.arena import Arena
 
 from . import pb_metrics
 from .pb_metrics import Metric, MetricFamily, MetricKind  # noqa: F401 - Triton's names
@@ -29,9 +32,9 @@ TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
 # Set by the worker: sends a BLS request to the frontend and returns its InferenceResponse.
-_bls_executor = None
+_bls_executor: Callable[..., Any] | None = None
 # Set by the worker: control(op, model, version, **args) -> bool, answered by the frontend.
-_control_executor = None
+_control_executor: Callable[..., bool] | None = None
 
 TRITON_STRING_TO_NUMPY = {
     datatypes.to_config(name): (np.bool_ if name == "BOOL" else dt.type) for name, dt in datatypes.NUMPY_OF.items()
@@ -137,7 +140,7 @@ _NO_TRACE = InferenceTrace()
 class SharedMemory:
     """The worker's shared memory for outputs: free_memory() is how many bytes it has left."""
 
-    _arena = None  # set by the worker
+    _arena: Arena | None = None  # set by the worker
 
     def free_memory(self) -> int:
         arena = SharedMemory._arena
@@ -153,6 +156,7 @@ class Tensor:
 
     # fixed attributes, as on Triton's own (C++) objects, which take weak references too
     __slots__ = ("_name", "_array", "_device", "_datatype", "__weakref__")
+    _array: np.ndarray  # read only where _device is None (a tensor in GPU memory holds None here)
 
     def __init__(self, name: str, tensor, datatype: str | None = None):
         array = np.asarray(tensor)
@@ -173,7 +177,7 @@ class Tensor:
     @classmethod
     def _on_gpu(cls, name: str, device_tensor) -> Tensor:
         self = cls.__new__(cls)
-        self._name, self._array, self._device = name, None, device_tensor
+        self._name, self._array, self._device = name, None, device_tensor  # type: ignore[assignment]
         self._datatype = datatypes.of_numpy(np.dtype(str(device_tensor.dtype).replace("torch.", "")))
         return self
 

@@ -14,7 +14,7 @@ import traceback
 from tritonmp.ipc.transport import TensorSpec, WorkerSpec
 
 from . import pb_utils
-from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor
+from .backend import Backend, BackendError, WorkRequest, WorkResponse, WorkTensor
 
 
 def install_utils_module() -> None:
@@ -39,7 +39,7 @@ def _work_response(result) -> WorkResponse:
                          for t in result._outputs], parameters=result._parameters)
 
 
-class PythonBackend:
+class PythonBackend(Backend):
     uses_senders = True  # every request has a response sender (WorkRequest.sender)
 
     def __init__(self, spec: WorkerSpec, config: dict):
@@ -51,6 +51,8 @@ class PythonBackend:
         sys.path.insert(0, version_dir)
         module_name = f"tritonmp_model_{spec.model_name}_{spec.model_version}".replace("-", "_")
         loader = importlib.util.spec_from_file_location(module_name, path)
+        if loader is None or loader.loader is None:
+            raise BackendError(f"cannot load {config['default_model_filename']} as a python module")
         module = importlib.util.module_from_spec(loader)
         sys.modules[module_name] = module
         try:

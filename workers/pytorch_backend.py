@@ -13,7 +13,7 @@ import numpy as np
 from tritonmp import datatypes
 from tritonmp.ipc.transport import TensorSpec, WorkerSpec
 
-from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor
+from .backend import Backend, BackendError, WorkRequest, WorkResponse, WorkTensor
 
 _INDEXED = re.compile(r".*__(\d+)$")
 
@@ -28,7 +28,7 @@ def _param(config: dict, key: str) -> str:
     return config.get("parameters", {}).get(key, {}).get("string_value", "")
 
 
-class PyTorchBackend:
+class PyTorchBackend(Backend):
     def __init__(self, spec: WorkerSpec, config: dict):
         try:
             import torch

@@ -18,7 +18,17 @@ import numpy as np
 from tritonmp import datatypes
 from tritonmp.ipc.transport import TensorSpec, WorkerSpec
 
-from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor, check_io, model_path, param, tensor_dict
+from .backend import (
+    Backend,
+    BackendError,
+    WorkRequest,
+    WorkResponse,
+    WorkTensor,
+    check_io,
+    model_path,
+    param,
+    tensor_dict,
+)
 
 DEFAULT_SIGNATURE = "serving_default"
 DEFAULT_TAG = "serve"
@@ -131,7 +141,7 @@ def describe(path: str, config: dict) -> tuple[list[dict], list[dict]]:
     return inputs, outputs
 
 
-class TensorFlowBackend:
+class TensorFlowBackend(Backend):
     def __init__(self, spec: WorkerSpec, config: dict):
         tf = _import_tf()
         self.tf = tf

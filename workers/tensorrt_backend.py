@@ -17,7 +17,7 @@ import numpy as np
 from tritonmp import datatypes
 from tritonmp.ipc.transport import TensorSpec, WorkerSpec
 
-from .backend import BackendError, WorkRequest, WorkResponse, WorkTensor, check_io, model_path, tensor_dict
+from .backend import Backend, BackendError, WorkRequest, WorkResponse, WorkTensor, check_io, model_path, tensor_dict
 from .cuda_shm import CudaRuntime, address
 
 
@@ -70,7 +70,8 @@ def _datatype(trt, dtype) -> str:
 
 def _io(trt, engine) -> tuple[list[dict], list[dict], int]:
     """Inputs, outputs, and the largest batch every profile's max shape allows (0: not batchable)."""
-    inputs, outputs = [], []
+    inputs: list[dict] = []
+    outputs: list[dict] = []
     names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
     for name in names:
         entry = tensor_dict(name, _datatype(trt, engine.get_tensor_dtype(name)), list(engine.get_tensor_shape(name)))
@@ -112,7 +113,7 @@ class _Buffer:
         self.ptr = self.nbytes = 0
 
 
-class TensorRTBackend:
+class TensorRTBackend(Backend):
     writes_device_outputs = True  # it is handed client CUDA regions to copy its outputs into
 
     def __init__(self, spec: WorkerSpec, config: dict):

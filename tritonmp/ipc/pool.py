@@ -13,6 +13,7 @@ an output arena of its own (`OutputArenas`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -32,6 +33,7 @@ from ..observability.custom_metrics import CustomMetrics
 from ..observability.stats import ModelStats
 from ..scheduling import batching
 from ..scheduling.busy_poll import BusyPoll
+from ..served import Infer, InferStream, ModelCall
 from . import transport
 from .arena import Arena, segment_name
 from .channel import Channel
@@ -356,11 +358,11 @@ class Instance:
             task = asyncio.get_running_loop().create_task(self._bls(request, frames))
             if request.decoupled:
                 self.calls[request.call] = task
-                task.add_done_callback(lambda _, call=request.call: self.calls.pop(call, None))
+                task.add_done_callback(functools.partial(self._call_done, request.call))
         elif kind == transport.BLS_CANCEL:
-            task = self.calls.get(transport.decode(transport.BlsCancel, header).call)
-            if task is not None:
-                task.cancel()
+            running = self.calls.get(transport.decode(transport.BlsCancel, header).call)
+            if running is not None:
+                running.cancel()
         elif kind == transport.READY:
             ready = transport.decode(transport.Ready, header)
             if ready.protocol != transport.PROTOCOL_VERSION:
@@ -401,8 +403,12 @@ class Instance:
             del self.streams[key]
             self._close_stream(request, None)
 
+    def _call_done(self, call: int, _task: asyncio.Task) -> None:
+        self.calls.pop(call, None)
+
     def _close_stream(self, request: InferRequest, error: ServerError | None) -> None:
         if request.stream is None:  # a request that waited for its response sender's one response
+            assert error is not None, "a request ends without a response only where it streams"
             self._answer(request, error, self.pool.stats, own_ok=not self.pool.merge)
             return
         ok = error is None
@@ -470,6 +476,7 @@ class Instance:
     async def _bls_stream(self, request: InferRequest, answer) -> None:
         """Every response of a decoupled BLS call, as it comes; the last carries the final flag."""
         final = False
+        assert self.pool.bls_stream is not None, "the model manager lends every pool the dataplane's infer_stream"
         async for item in self.pool.bls_stream(request):
             if isinstance(item, ServerError):
                 answer(transport.BlsResult(error=item.message, error_status=item.status.name, final=False), [])
@@ -624,13 +631,13 @@ class Instance:
         now = time.monotonic_ns()
         # a python model's own error response counts as a success, as Triton's python backend counts it
         own_ok = not pool.merge
-        failed = sum(1 for r in responses if type(r) is ServerError and not (own_ok and r.from_model))
+        failed = sum(1 for r in responses if isinstance(r, ServerError) and not (own_ok and r.from_model))
         not_run = result.not_run  # cancelled while their batch was sent ahead: counted nowhere, as if queued
         ran = batch
         if not_run:
             ran = [r for index, r in enumerate(batch) if index not in not_run]
-            failed -= sum(1 for index in not_run
-                          if type(responses[index]) is ServerError and not (own_ok and responses[index].from_model))
+            failed -= sum(1 for index in not_run if isinstance(missed := responses[index], ServerError)
+                          and not (own_ok and missed.from_model))
         if ran:
             stats.executed(sum(r.batch_size for r in ran), len(ran) - failed, self.encode_ns + result.input_ns,
                            result.infer_ns, result.output_ns + now - started)
@@ -666,19 +673,19 @@ class Instance:
     def _answer(request: InferRequest, response: InferResponse | ServerError, stats: ModelStats,
                 now: int = 0, own_ok: bool = False) -> None:
         """Settle a request's future; `own_ok`: the model's own error response counts as a success."""
-        failed = isinstance(response, ServerError)
-        stats.finished(not failed or (own_ok and response.from_model), request.batch_size,
+        stats.finished(not isinstance(response, ServerError) or (own_ok and response.from_model), request.batch_size,
                        (now or time.monotonic_ns()) - request.arrival_ns, queue_ns=request.queue_ns)
         if request.future.done():
             return
-        if failed:
+        if isinstance(response, ServerError):
             request.future.set_exception(response)
         else:
             request.future.set_result(response)
 
 
 def _bls_result(response: InferResponse) -> tuple[transport.BlsResult, list]:
-    refs, frames = [], []
+    refs: list[transport.TensorRef] = []
+    frames: list = []
     for t in response.outputs:
         refs.append(transport.TensorRef(t.name, t.datatype, t.shape, frame=len(frames)))
         frames.append(t.data)
@@ -710,11 +717,11 @@ class InstancePool:
         self.senders = backend == "python"  # a request may be answered through its response sender
         self.load_timeout = 0.0  # seconds a worker may take to load before it is killed; 0: no limit
         self.heap_retain_bytes = 0  # memory a worker frees that it keeps for reuse (--worker-heap-retain-mb)
-        self.bls: Callable | None = None  # the dataplane's infer, for models' own requests (BLS)
-        self.bls_stream: Callable | None = None  # the dataplane's infer_stream, for decoupled BLS requests
+        self.bls: Infer | None = None  # the dataplane's infer, for models' own requests (BLS)
+        self.bls_stream: InferStream | None = None  # the dataplane's infer_stream, for decoupled BLS requests
         self.custom_metrics = CustomMetrics()  # the server's, set by the model manager
         self.reschedule: Callable[[InferRequest], None] = lambda request: None  # the scheduler's, for iterative models
-        self.control = None  # the dataplane's model_call, for python models that load or unload models
+        self.control: ModelCall | None = None  # the dataplane's model_call, for models that load or unload models
         self.instances = [Instance(self, s) for s in specs]
         self.idle: deque[Instance] = deque()
         self.on_idle = lambda: None  # the scheduler's pump: an instance can take work

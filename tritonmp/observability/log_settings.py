@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 from .. import logs
 from ..errors import invalid, unsupported
@@ -18,16 +19,23 @@ FORMATS = {
 class LogSettings:
     def __init__(self, verbose: int = 0, info: bool = True, warning: bool = True, error: bool = True,
                  log_format: str = "default", log_file: str = "", owns_process: bool = True):
-        self.settings = {"log_file": log_file, "log_info": info, "log_warning": warning, "log_error": error,
-                         "log_verbose_level": verbose, "log_format": log_format}
+        self.settings: dict[str, Any] = {"log_file": log_file, "log_info": info, "log_warning": warning,
+                                         "log_error": error, "log_verbose_level": verbose, "log_format": log_format}
         self.handler: logging.Handler | None = None
         # the server's own loggers always; the program's root logger too for the `tritonmp` command,
         # but not inside another program (the in-process API), whose own logging is left alone
         self.roots = [logs.ROOT, logging.getLogger()] if owns_process else [logs.ROOT]
+        self.levels_before = [root.level for root in self.roots]
         self.apply()
 
     def close(self) -> None:
-        """Detach and close this server's handler (the in-process server stops)."""
+        """Detach and close this server's handler, and give the loggers back their levels (the
+        in-process server stops; another one in the same program logs as it did)."""
+        self._detach()
+        for root, level in zip(self.roots, self.levels_before):
+            root.setLevel(level)
+
+    def _detach(self) -> None:
         if self.handler is not None:
             for root in self.roots:
                 root.removeHandler(self.handler)
@@ -36,7 +44,7 @@ class LogSettings:
 
     def apply(self) -> None:
         s = self.settings
-        self.close()
+        self._detach()
         self.handler = logging.FileHandler(s["log_file"]) if s["log_file"] else logging.StreamHandler(sys.stderr)
         fmt, datefmt = FORMATS[s["log_format"]]
         formatter = logging.Formatter(fmt, datefmt)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from collections.abc import Mapping
 
 from ..logs import get_logger
 
@@ -14,7 +15,7 @@ log = get_logger("systemd")
 
 
 class Notifier:
-    def __init__(self, env: dict | None = None):
+    def __init__(self, env: Mapping[str, str] | None = None):
         env = os.environ if env is None else env
         address = env.get("NOTIFY_SOCKET", "")
         self.address = "\0" + address[1:] if address.startswith("@") else address

@@ -100,7 +100,7 @@ class StatusHistory:
         now = _Sample(time.time(), mv.pool.stats)
         if not history:  # loaded since the last sample: its counters began at zero since then at most
             start = _Sample(max(self.started, now.at - SAMPLE_SECONDS))
-            empty = {"t": [], **{k: [] for k in _FIGURES}}
+            empty: dict[str, list] = {"t": [], **{k: [] for k in _FIGURES}}
             return {"seconds": round(now.at - start.at, 1), **_rates(start, now)}, empty
         start = next((s for s in history if now.at - s.at <= WINDOW_SECONDS), history[-1])
         window = {"seconds": round(now.at - start.at, 1), **_rates(start, now)}

@@ -64,7 +64,7 @@ def _tensor_text(t) -> str:
 
 def _check(settings: dict) -> dict:
     """Triton's setting names and value forms; every value is a string or a list of strings."""
-    out = {}
+    out: dict[str, list[str] | None] = {}
     for key, value in settings.items():
         if key not in DEFAULTS:
             raise invalid(f"unknown trace setting '{key}'; known: {', '.join(DEFAULTS)}")

@@ -24,6 +24,7 @@ from ..scheduling.busy_poll import BusyPoll
 from ..scheduling.ensemble import EnsembleVersion
 from ..scheduling.scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
 from ..scheduling.sequence import SequenceScheduler
+from ..served import Infer, InferStream, ModelCall, ServedVersion
 from ..validation import TensorConfig
 from . import config as cfg
 from .config import ConfigProblem
@@ -110,6 +111,7 @@ class ModelVersion:
                              list(db.preferred_batch_size) if db else [],
                              (db.max_queue_delay_microseconds if db else 0) * 1000)
         self.pool.on_unavailable = self._crash_looped
+        self.scheduler: Scheduler | SequenceScheduler
         if c.HasField("sequence_batching") and c.sequence_batching.iterative_sequence:
             # each request is a sequence of its own, run again for as long as the model reschedules it;
             # requests run together up to max_batch_size, as their iterations come round
@@ -161,7 +163,7 @@ class ModelVersion:
 class ModelEntry:
     name: str
     path: str
-    versions: dict[int, ModelVersion] = field(default_factory=dict)  # the versions being served
+    versions: dict[int, ServedVersion] = field(default_factory=dict)  # the versions being served
     problem: str = ""  # why the model could not be loaded at all
     platform: str = ""
     down: dict[int, str] = field(default_factory=dict)  # versions known but not served -> why (unloaded, failed)
@@ -263,11 +265,11 @@ class ModelManager:
         self.busy_poll = BusyPoll(options.busy_poll_us)  # one window for the server's loop
         self.models: dict[str, ModelEntry] = {}
         self._retiring: set[asyncio.Task] = set()
-        self.retiring: set[ModelVersion] = set()  # replaced or unloaded, finishing their requests
-        self.bls = None  # the dataplane's infer, for python models' own requests (set by the server)
-        self.bls_stream = None  # the dataplane's infer_stream, for their decoupled requests
+        self.retiring: set[ServedVersion] = set()  # replaced or unloaded, finishing their requests
+        self.bls: Infer | None = None  # the dataplane's infer, for models' own requests (set by the server)
+        self.bls_stream: InferStream | None = None  # the dataplane's infer_stream, for decoupled ones
         self.custom_metrics = CustomMetrics()  # python models' own metric families
-        self.control = None  # the dataplane's model_call, for python models' is_model_ready and loads
+        self.control: ModelCall | None = None  # the dataplane's model_call, for is_model_ready and loads
         self._startup: dict[str, asyncio.Task] = {}  # loads under way at startup, by model name
 
     # -- the repositories ------------------------------------------------------------------
@@ -391,7 +393,7 @@ class ModelManager:
             self._retire(list(old.values()), old_dir)
 
     async def _start_versions(self, name: str, path: str, override: str | None,
-                              failed: dict[int, str]) -> dict[int, ModelVersion]:
+                              failed: dict[int, str]) -> dict[int, ServedVersion]:
         """The versions of a model, loaded and READY; else a ServerError, with each version that failed
         to start and why in `failed`."""
         try:
@@ -404,17 +406,19 @@ class ModelManager:
         versions = cfg.version_is_wanted(completed.config, completed.versions)
         if not versions:
             raise invalid(f"load failed for model '{name}': the version policy selects no version that is present")
+        new: dict[int, ServedVersion] = {}
         if completed.backend == "ensemble":
-            new = {v: EnsembleVersion(name, v, completed) for v in versions}
-            for mv in new.values():
-                mv.manager = self
+            for v in versions:
+                ensemble = new[v] = EnsembleVersion(name, v, completed)
+                ensemble.manager = self
+                ensemble.pool.bls = self.bls
         else:
-            new = {v: ModelVersion(name, v, completed, specs, self.options, self.busy_poll) for v in versions}
-        for mv in new.values():
-            mv.pool.bls = self.bls
-            mv.pool.bls_stream = self.bls_stream
-            mv.pool.custom_metrics = self.custom_metrics
-            mv.pool.control = self.control
+            for v in versions:
+                mv = new[v] = ModelVersion(name, v, completed, specs, self.options, self.busy_poll)
+                mv.pool.bls = self.bls
+                mv.pool.bls_stream = self.bls_stream
+                mv.pool.custom_metrics = self.custom_metrics
+                mv.pool.control = self.control
         await asyncio.gather(*(mv.load() for mv in new.values()))
         failed.update({mv.version: mv.reason for mv in new.values() if mv.state != "READY"})
         if failed:
@@ -423,7 +427,7 @@ class ModelManager:
             raise invalid(f"load failed for model '{name}': {reasons}")
         return new
 
-    def _retire(self, versions: list[ModelVersion], files_dir: str = "") -> None:
+    def _retire(self, versions: list[ServedVersion], files_dir: str = "") -> None:
         self.retiring.update(versions)
 
         async def retire():
@@ -532,7 +536,7 @@ class ModelManager:
             raise not_found(f"Request for unknown model: '{name}' is not found")
         return entry
 
-    def get(self, name: str, version: str = "") -> ModelVersion:
+    def get(self, name: str, version: str = "") -> ServedVersion:
         """The ready model version a request is for (the highest ready one without a version), as
         Triton finds it: INVALID_ARG for a version string that is no version, NOT_FOUND for an unknown
         model or version, UNAVAILABLE for a known version that is not ready."""

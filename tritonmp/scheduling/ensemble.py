@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -16,8 +17,12 @@ from ..errors import ServerError, Status, unsupported
 from ..logs import get_logger
 from ..observability.stats import ModelStats
 from ..repository import config as cfg
+from ..served import Infer
 from ..validation import TensorConfig
 from .scheduler import transfer_outcome
+
+if TYPE_CHECKING:
+    from ..repository.model_manager import ModelManager
 
 log = get_logger("ensemble")
 
@@ -35,7 +40,7 @@ class EnsembleSteps:
         self.steps = list(steps)
         self.stats = ModelStats(name, version)
         self.instances: list = []  # an ensemble has no worker of its own
-        self.bls = None  # the dataplane's infer, set by the model manager
+        self.bls: Infer | None = None  # the dataplane's infer, set by the model manager
 
     def sent_ahead(self) -> int:
         """An ensemble's requests never wait behind a running batch: none is ever sent ahead."""
@@ -89,8 +94,7 @@ class EnsembleScheduler:
 
 
 class EnsembleVersion:
-    """One version of an ensemble, shaped like a ModelVersion for the dataplane, statistics and
-    metrics."""
+    """One version of an ensemble: a ServedVersion for the dataplane, statistics and metrics."""
 
     backend = "ensemble"
 
@@ -110,7 +114,7 @@ class EnsembleVersion:
         self.labels = read_labels(completed.model_dir, c)  # classifying its outputs uses its own labels
         self.pool = EnsembleSteps(name, version, c.ensemble_scheduling.step)
         self.scheduler = EnsembleScheduler(self)
-        self.manager = None  # set by the model manager, to find and load composing models
+        self.manager: ModelManager | None = None  # set by the model manager, to find and load composing models
 
     def composing(self) -> list[tuple[str, str]]:
         return [(s.model_name, str(s.model_version) if s.model_version > 0 else "") for s in self.pool.steps]
@@ -118,6 +122,7 @@ class EnsembleVersion:
     async def load(self) -> None:
         """Ready once every composing model is; in explicit mode they are loaded first, as Triton does."""
         started = time.monotonic()
+        assert self.manager is not None, "the model manager sets itself before loading"
         for name, version in self.composing():
             try:
                 await self.manager.ensure_loaded(name)
@@ -193,4 +198,5 @@ class EnsembleVersion:
         outputs = [RequestedOutput(name) for name in step.output_map]
         version = str(step.model_version) if step.model_version > 0 else ""
         sub = InferRequest(step.model_name, version, request.id, inputs, outputs, dict(request.parameters))
+        assert self.pool.bls is not None, "the model manager lends every ensemble the dataplane's infer"
         return await self.pool.bls(sub)

@@ -136,8 +136,8 @@ def transfer_outcome(source: asyncio.Future, target: asyncio.Future) -> None:
         return
     if source.cancelled():
         target.cancel()
-    elif source.exception() is not None:
-        target.set_exception(source.exception())
+    elif (error := source.exception()) is not None:
+        target.set_exception(error)
     else:
         target.set_result(source.result())
 
@@ -282,7 +282,9 @@ class Scheduler:
         """Reject or delay requests whose queue timeout has passed; the next deadline, if any."""
         if not self._timed:
             return None
-        keep, delayed, next_deadline = deque(), [], None
+        keep: deque[InferRequest] = deque()
+        delayed: list[InferRequest] = []
+        next_deadline = None
         for request in self.queue:
             if request.deadline_ns and not request.delayed and now >= request.deadline_ns:
                 if self.priorities.policy(request.priority).delay_on_timeout:

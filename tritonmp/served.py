@@ -1,0 +1,140 @@
+"""What the frontends, the dataplane, metrics, the status page and statistics may ask of a served
+model version, as one typed contract.
+
+A model's version (repository.model_manager.ModelVersion: instance pools of worker processes) and
+an ensemble's (scheduling.ensemble.EnsembleVersion: steps run in the frontend) both implement it in
+full; the model manager serves every version as a ServedVersion, so the type checker (`make test`
+runs mypy) refuses a version kind that lacks a member any reader uses. What only a model's version
+has (its workers' control, BLS, custom metrics) is reached through ModelVersion itself, after an
+isinstance check."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence, Sized
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from .core import InferRequest, InferResponse
+from .errors import ServerError
+from .observability.stats import ModelStats
+from .validation import TensorConfig
+
+if TYPE_CHECKING:
+    from .ipc.pool import Instance
+
+
+# What the dataplane lends the models for their own requests: infer (BLS), infer_stream (decoupled
+# BLS), and model_call (a python model's is_model_ready, load and unload).
+Infer = Callable[[InferRequest], Awaitable[InferResponse]]
+InferStream = Callable[[InferRequest], AsyncIterator["InferResponse | ServerError"]]
+ModelCall = Callable[[str, str, str, dict], Awaitable[bool]]
+
+
+class ServedPool(Protocol):
+    """What stands behind a version: its instances (none for an ensemble) and its counters."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def stats(self) -> ModelStats: ...
+
+    @property
+    def instances(self) -> Sequence[Instance]: ...
+
+    @property
+    def merge(self) -> bool:
+        """Whether a batch's requests are merged into one set of tensors (every backend but python)."""
+        ...
+
+    @property
+    def decoupled(self) -> bool: ...
+
+    @property
+    def restart_count(self) -> int: ...
+
+    def sent_ahead(self) -> int:
+        """Requests in batches sent ahead to a busy instance, waiting there to run."""
+        ...
+
+
+class ServedScheduler(Protocol):
+    """Where a version's requests go."""
+
+    @property
+    def queue(self) -> Sized:
+        """The requests waiting for an instance."""
+        ...
+
+    def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]: ...
+
+    def busy(self) -> bool: ...
+
+    async def drained(self) -> None: ...
+
+    def fail_all(self, error: Exception) -> None: ...
+
+
+class ServedVersion(Protocol):
+    """One served version of a model or an ensemble."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def config(self) -> mc.ModelConfig: ...
+
+    @property
+    def config_json(self) -> dict[str, Any]: ...
+
+    @property
+    def state(self) -> str:
+        """LOADING, READY, UNLOADING or UNAVAILABLE, as Triton names them."""
+        ...
+
+    # why it is not READY; the model manager also says so when a later load failed beside it
+    reason: str
+
+    @property
+    def load_seconds(self) -> float: ...
+
+    @property
+    def max_batch_size(self) -> int: ...
+
+    @property
+    def inputs(self) -> dict[str, TensorConfig]: ...
+
+    @property
+    def outputs(self) -> dict[str, str]:
+        """Output name -> its datatype."""
+        ...
+
+    @property
+    def labels(self) -> dict[str, list[str]]:
+        """Output name -> its classification labels."""
+        ...
+
+    @property
+    def pool(self) -> ServedPool: ...
+
+    @property
+    def scheduler(self) -> ServedScheduler: ...
+
+    async def load(self) -> None: ...
+
+    async def retire(self, timeout: float) -> None:
+        """Finish what is queued and in flight, then stop."""
+        ...
+
+    async def stop(self, deadline: float) -> None: ...
