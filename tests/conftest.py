@@ -7,6 +7,7 @@ import contextlib
 import glob
 import http.client
 import os
+import re
 import shutil
 import signal
 import socket
@@ -31,6 +32,40 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 
 POLL_INTERVAL = 0.05  # how often waits look again at the condition they wait for
+
+# Why a test may skip in CI (CI=true): hardware or software CI cannot have (a GPU and its libraries, a
+# container runtime). Any other skip fails there, so that a framework that stops importing, or a tool
+# .ci/run could not install, cannot quietly take its tests away.
+ALLOWED_CI_SKIPS = re.compile(r"GPU|CUDA|cuda|nvidia-ml-py|tensorrt|TensorRT|OpenVINO provider|podman|container")
+
+
+def _skip_not_allowed(report) -> str | None:
+    """The reason of a skip CI does not allow; None where it is allowed, or not a skip, or not CI."""
+    if not report.skipped or os.environ.get("CI", "").lower() not in ("1", "true", "yes") \
+            or getattr(report, "wasxfail", None) is not None:
+        return None
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return None if ALLOWED_CI_SKIPS.search(reason) else reason
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    reason = _skip_not_allowed(report)
+    if reason is not None:
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI for a reason CI does not allow (conftest.ALLOWED_CI_SKIPS): {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    reason = _skip_not_allowed(report)
+    if reason is not None:  # a whole module skipped, as an import that failed does
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI for a reason CI does not allow (conftest.ALLOWED_CI_SKIPS): {reason}"
 
 
 def wait_for(condition, timeout: float, what: str) -> None:

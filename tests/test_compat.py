@@ -185,6 +185,15 @@ def test_errors_match(pair, path, body):
     assert ours == ref
 
 
+def test_json_data_that_does_not_fit_its_shape_gets_tritons_words(pair):
+    """Too few values or too many: the same message (Triton's qa greps for it). The status differs on
+    purpose: the request was wrong, 400 here where Triton says 500 (README)."""
+    for data in ([1, 2], [1, 2, 3, 4]):
+        (s1, ours), (s2, ref) = _both(pair, "POST", "/v2/models/add_py/infer", _add_body(a={"data": data}))
+        assert (s1, s2) == (400, 500) and ours == ref == {
+            "error": "Unable to parse 'data': Shape does not match true shape of 'data' field"}, data
+
+
 def test_successful_infer_is_identical(pair):
     ours, ref = _both(pair, "POST", "/v2/models/add_py/infer", _add_body(id="same"))
     assert ours == ref
@@ -244,7 +253,14 @@ def test_shared_memory_status_and_errors_match(pair):
                     {"key": "/tritonmp-compat-other", "offset": 0, "byte_size": 128},  # a key not registered yet
                     {"key": "/tritonmp-compat-other", "offset": 32, "byte_size": 64}):
             ours, ref = _both(pair, "POST", "/v2/systemsharedmemory/region/bad/register", json.dumps(bad).encode())
-            assert ours == ref, bad
+            if bad["key"] == "/tritonmp-compat-test":
+                # past the end of a key Triton has mapped, 2.51 gives either of two answers (the second
+                # in about 1 of 20 tries here): ours is the first, and Triton's is one of the two
+                past_mapped = (500, {"error": "Invalid shared memory region: '/tritonmp-compat-test'"})
+                assert ours == past_mapped and ref in (past_mapped, (400, {
+                    "error": "failed to register shared memory region 'bad': invalid args"})), (bad, ref)
+            else:
+                assert ours == ref, bad
         for bad in ({"offset": 0, "byte_size": 8}, {"key": "/tritonmp-compat-test", "offset": 0},
                     {"key": 5, "byte_size": 8}, {"key": "/tritonmp-compat-test", "offset": -1, "byte_size": 8},
                     {"key": "/tritonmp-compat-test", "byte_size": "8"}):
