@@ -96,6 +96,22 @@ def test_every_kind_answers_over_http_and_grpc(server, whole):
         assert result.as_numpy("Y").tolist() == [[b"3.000000:1:cat", b"2.000000:2:dog"]]
 
 
+def test_health_generate_and_cuda_regions_beside_every_kind(server, whole):
+    """Liveness and readiness (not strict: one model never loads), the generate extension on a python
+    and an ONNX model and its stream on the decoupled one, and the CUDA shared-memory status."""
+    http = httpclient.InferenceServerClient(server.url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    assert http.is_server_live() and http.is_server_ready() and grpc.is_server_live() and grpc.is_server_ready()
+    for name in ("add", "add_py"):
+        status, _, raw = server.post(f"/v2/models/{name}/generate", orjson.dumps({"A": [1, 2, 3], "B": [1, 1, 1]}))
+        assert status == 200 and orjson.loads(raw)["C"] == [2, 3, 4], raw
+    status, headers, raw = server.post("/v2/models/repeat/generate_stream", orjson.dumps({"N": [2]}))
+    assert status == 200 and headers["content-type"].startswith("text/event-stream"), raw
+    events = [orjson.loads(line[len(b"data: "):]) for line in raw.splitlines() if line.startswith(b"data: ")]
+    assert [e["I"] for e in events] == [0, 1], events
+    assert http.get_cuda_shared_memory_status() == [] and list(grpc.get_cuda_shared_memory_status().regions) == []
+
+
 def test_metadata_config_and_readiness_of_every_model(server, whole):
     _, probes = whole
     http = httpclient.InferenceServerClient(server.url)
