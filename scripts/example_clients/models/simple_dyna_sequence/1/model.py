@@ -4,13 +4,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
+def _value(request, name: str) -> int:
+    return int(pb_utils.get_input_tensor_by_name(request, name).as_numpy().flat[0])
+
+
 class TritonPythonModel:
     def execute(self, requests):
         out = []
         for r in requests:
-            def control(name):
-                return int(pb_utils.get_input_tensor_by_name(r, name).as_numpy().flat[0])
-
-            y = control("INPUT") + control("START") + (control("CORRID") if control("END") else 0)
+            y = _value(r, "INPUT") + _value(r, "START") + (_value(r, "CORRID") if _value(r, "END") else 0)
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.array([[y]], np.int32))]))
         return out
