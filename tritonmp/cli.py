@@ -125,7 +125,7 @@ def serve_parser() -> argparse.ArgumentParser:
 
 def given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, object]:
     """The settings that differ from their defaults, by flag name (for the status page)."""
-    flags = {}
+    flags: dict[str, object] = {}
     for action in parser._actions:
         if not action.option_strings or action.dest in ("help", "version"):
             continue

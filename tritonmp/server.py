@@ -10,6 +10,7 @@ import gc
 import signal
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from .logs import get_logger
 from .observability.log_settings import LogSettings
@@ -119,7 +120,8 @@ class Server:
         running = [(service, service._running) for service in self.services]
         draining = asyncio.gather(*(service.drain(deadline) for service in self.services), return_exceptions=True)
         forced = asyncio.get_running_loop().create_task(self.force_stop.wait())
-        await asyncio.wait({draining, forced}, return_when=asyncio.FIRST_COMPLETED)
+        either: list[asyncio.Future[Any]] = [draining, forced]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if self.force_stop.is_set():
             for service, handle in running:
                 if handle is not None:
@@ -139,6 +141,7 @@ class Server:
         core.flags = self.flags
         await core.build()
         models, dataplane = core.models, core.dataplane
+        assert models is not None and dataplane is not None, "built just above"
         poller = None
         code = 0
         try:

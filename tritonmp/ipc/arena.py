@@ -79,7 +79,7 @@ def segment_name(owner_pid: int, tag: str) -> str:
 
 def remove_orphans(shm_dir: str = "/dev/shm") -> list[str]:
     """Unlink arenas left by a tritonmp frontend that no longer runs; returns their names."""
-    removed = []
+    removed: list[str] = []
     try:
         entries = os.listdir(shm_dir)
     except OSError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
@@ -515,7 +516,7 @@ def _is_repeated(field: FieldDescriptor) -> bool:
 def to_json(message) -> dict:
     """A protobuf message as Triton prints it: every scalar and list, 64-bit integers as numbers,
     enums by name, message fields only when set."""
-    out = {}
+    out: dict[str, Any] = {}
     for field in message.DESCRIPTOR.fields:
         is_map = field.message_type is not None and field.message_type.GetOptions().map_entry
         repeated = _is_repeated(field)

@@ -170,7 +170,7 @@ class KServeHttp(_Service):
         reuse_port: bool = False
         thread_count: int = 8  # requests are served on one asyncio loop; kept for Triton's signature
         header_forward_pattern: str = ""
-        restricted_features: RestrictedFeatures = field(default_factory=RestrictedFeatures)
+        restricted_features: RestrictedFeatures | Restrictions = field(default_factory=RestrictedFeatures)
         # this server's own: the largest request body, connection deadlines and limits, and how long
         # requests in flight may finish once the service stops (None: as long as they take)
         max_input_size: int = DEFAULT_MAX_INPUT_SIZE
@@ -234,7 +234,7 @@ class KServeGrpc(_Service):
         infer_compression_level: int = 0
         infer_allocation_pool_size: int = 8
         forward_header_pattern: str = ""
-        restricted_features: RestrictedFeatures = field(default_factory=RestrictedFeatures)
+        restricted_features: RestrictedFeatures | Restrictions = field(default_factory=RestrictedFeatures)
         # this server's own: the largest request message, open connections (0: half the file
         # descriptors allowed), how long a new connection has for HTTP/2's preface, and the engine
         # ("builtin", or "grpcio" with grpc.aio server options)
