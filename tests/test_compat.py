@@ -575,6 +575,30 @@ def test_missing_inputs_with_optional_ones_match(tmp_path):
     assert answers[2][0] == answers[2][1]
 
 
+def test_models_without_inputs_or_outputs_load_and_answer_alike(tmp_path):
+    """A python model with no inputs (a generator) and one with no outputs: both load, their metadata
+    and answers are Triton's (an output the configuration does not declare is left out)."""
+    model_py = ("import numpy as np\nimport triton_python_backend_utils as pb_utils\n\n\n"
+                "class TritonPythonModel:\n    def execute(self, requests):\n"
+                "        return [pb_utils.InferenceResponse([pb_utils.Tensor('Y', np.array([1.0], np.float32))])"
+                " for _ in requests]\n")
+    repo = tmp_path / "repo"
+    write_model(repo, "noin", model_py, 'backend: "python"\nmax_batch_size: 0\n'
+                'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+    write_model(repo, "noout", model_py, 'backend: "python"\nmax_batch_size: 0\n'
+                'input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+    x = orjson.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]})
+    with both_serving(repo, tmp_path) as servers:
+        for method, path, body in (("GET", "/v2/models/noin", b""), ("GET", "/v2/models/noout", b""),
+                                   ("POST", "/v2/models/noin/infer", b'{"inputs":[]}'),
+                                   ("POST", "/v2/models/noout/infer", x)):
+            ours, ref = _both(servers, method, path, body)
+            assert ours == ref and ours[0] == 200, (path, ours, ref)
+        answers = [grpcclient.InferenceServerClient(s.grpc_url).infer("noin", []).as_numpy("Y").tolist()
+                   for s in servers]
+    assert answers == [[1.0], [1.0]]
+
+
 def test_raw_binary_requests_match(tmp_path):
     from conftest import raw_binary_answers, raw_binary_repo
 

@@ -3,7 +3,8 @@ walked with all of them loaded (tests/test_whole_server.py). A new kind of model
 with a probe: a request it answers and what the answer must be.
 
 Kinds: ONNX, python, BLS, decoupled, sequence, ensemble, classification, each CPU framework
-(OpenVINO, TensorFlow, PyTorch), a model that fails to load and one that crash-loops once asked to."""
+(OpenVINO, TensorFlow, PyTorch), a model without inputs, a model that fails to load and one that
+crash-loops once asked to."""
 
 from __future__ import annotations
 
@@ -49,6 +50,17 @@ ensemble_scheduling {
       input_map { key: "B" value: "SUM" } output_map { key: "C" value: "DOUBLED" } }
   ]
 }
+'''
+
+# no inputs at all: what a generator or a health-check model looks like
+GENERATOR_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("TICKET", np.array([42], np.int64))]) for _ in requests]
 '''
 
 BROKEN_PY = '''
@@ -118,6 +130,8 @@ def build(root: Path, example_repo: Path) -> dict[str, Probe | None]:
     (root / "tf_graphdef" / "config.pbtxt").write_text(GRAPHDEF_CONFIG)
     shutil.copytree(_addsub_repo(scratch, "instance_group [ { kind: KIND_CPU } ]\n") / "addsub", root / "torch_addsub")
 
+    write_model(root, "generator", GENERATOR_PY, 'backend: "python"\nmax_batch_size: 0\n'
+                'output [ { name: "TICKET", data_type: TYPE_INT64, dims: [ 1 ] } ]\n')
     write_model(root, "broken", BROKEN_PY, 'backend: "python"\nmax_batch_size: 0\n'
                 'input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
                 'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
@@ -138,6 +152,7 @@ def build(root: Path, example_repo: Path) -> dict[str, Probe | None]:
         "ov_add": Probe({"A": row, "B": ONES}, _equal("C", row + 1)),
         "tf_graphdef": Probe({"x": row}, _equal("y", row * 2 + 1)),
         "torch_addsub": Probe({"INPUT__0": row, "INPUT__1": ONES}, _equal("OUTPUT__0", row + 1)),
+        "generator": Probe({}, _equal("TICKET", [42])),
         "crashloop": Probe({"X": np.array([2.0], np.float32)}, _equal("Y", [2.0])),
         "broken": None,
     }

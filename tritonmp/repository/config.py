@@ -367,10 +367,7 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
     problems = []
     if config.max_batch_size < 0:
         problems.append(ConfigProblem(path, "max_batch_size", "must be 0 (no batching) or positive"))
-    if not config.input:
-        problems.append(ConfigProblem(path, "input", "no inputs; list the model's inputs"))
-    if not config.output:
-        problems.append(ConfigProblem(path, "output", "no outputs; list the model's outputs"))
+    # no inputs, or no outputs, is a model Triton serves too (a generator, a health check, a sink)
     problems += _check_tensors("input", config.input, config, path)
     problems += _check_tensors("output", config.output, config, path)
     if config.HasField("dynamic_batching"):
