@@ -599,6 +599,23 @@ def test_models_without_inputs_or_outputs_load_and_answer_alike(tmp_path):
     assert answers == [[1.0], [1.0]]
 
 
+@pytest.mark.parametrize("flag,kind", [("--http-restricted-api", "api"), ("--grpc-restricted-protocol", "protocol")])
+def test_restricted_api_flags_triton_refuses_are_refused_in_its_words(compat_repo, flag, kind):
+    """An unknown API, and an API in two groups: neither server starts, and each says it in the words
+    Triton's qa greps its log for."""
+    from conftest import TRITONMP
+
+    for flags, words in (([f"{flag}=model-reposit,health:k1=v1", f"{flag}=metadata,health:k2=v2"],
+                          f"unknown restricted {kind} 'model-reposit'"),
+                         ([f"{flag}=model-repository,health:k1=v1", f"{flag}=metadata,health:k2=v2"],
+                          f"{kind} 'health' can not be specified in multiple config groups")):
+        for command in ([*TRITONMP, "--model-repository", str(compat_repo)],
+                        [str(REFERENCE), "--model-repository", str(compat_repo)]):
+            ports = [f"--{p}-port={n}" for p, n in zip(("http", "grpc", "metrics"), free_ports(3))]
+            result = subprocess.run(command + ports + flags, capture_output=True, text=True, timeout=120)
+            assert result.returncode != 0 and words in result.stdout + result.stderr, (command[0], result.stderr)
+
+
 def test_raw_binary_requests_match(tmp_path):
     from conftest import raw_binary_answers, raw_binary_repo
 

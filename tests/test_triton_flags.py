@@ -75,11 +75,21 @@ def test_every_triton_flag_is_accepted_and_the_ignored_ones_are_named(start_serv
 def test_malformed_and_unknown_flags_are_errors(tmp_path):
     for flag, message in (("--http-restricted-api=model-repository,admin-key=secret", "expected --http-restricted-api="
                            "<apis>:<key>=<value>"),
-                          ("--grpc-restricted-protocol=everything:admin-key=secret", "unknown API 'everything'"),
+                          ("--grpc-restricted-protocol=everything:admin-key=secret",
+                           "unknown restricted protocol 'everything'"),
+                          ("--http-restricted-api=model-reposit,health:k1=v1",
+                           "unknown restricted api 'model-reposit'"),
                           ("--not-a-triton-flag=1", "unrecognized arguments: --not-a-triton-flag=1")):
         result = subprocess.run([*TRITONMP, "--model-repository", str(_repo(tmp_path)), flag],
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode in (1, 2) and message in result.stderr + result.stdout, result.stderr
+    # Triton's qa words for an API in two groups, HTTP and gRPC
+    for flag, kind in (("--http-restricted-api", "api"), ("--grpc-restricted-protocol", "protocol")):
+        result = subprocess.run([*TRITONMP, "--model-repository", str(_repo(tmp_path)),
+                                 f"{flag}=model-repository,health:k1=v1", f"{flag}=metadata,health:k2=v2"],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1
+        assert f"{kind} 'health' can not be specified in multiple config groups" in result.stderr + result.stdout
 
 
 def test_model_config_name_picks_the_named_config(start_server, tmp_path):

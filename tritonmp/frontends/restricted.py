@@ -44,8 +44,10 @@ class Restrictions:
     """Which API groups need which header, for one protocol."""
 
     def __init__(self, values: list[str], flag: str, header_prefix: str = ""):
-        """Parse the flag's values (each `<groups>:<key>=<value>`); ValueError says what is wrong."""
+        """Parse the flag's values (each `<groups>:<key>=<value>`); ValueError says what is wrong, in
+        Triton's words (which its qa greps for) after the flag."""
         self.required: dict[str, tuple[str, bytes]] = {}  # group -> (header name, value)
+        kind = "protocol" if header_prefix else "api"  # as Triton names them for gRPC and for HTTP
         for item in values:
             groups, sep, pair = item.partition(":")
             key, eq, value = pair.partition("=")
@@ -53,9 +55,11 @@ class Restrictions:
                 raise ValueError(f"{flag}={item}: expected {flag}=<apis>:<key>=<value>")
             for group in groups.split(","):
                 if group not in GROUPS:
-                    raise ValueError(f"{flag}={item}: unknown API '{group}'; the APIs are: {', '.join(GROUPS)}")
+                    raise ValueError(f"{flag}={item}: unknown restricted {kind} '{group}'; they are: "
+                                     f"{', '.join(GROUPS)}")
                 if group in self.required:
-                    raise ValueError(f"{flag}={item}: API '{group}' is restricted twice")
+                    raise ValueError(f"{flag}={item}: restricted {kind} '{group}' can not be specified in "
+                                     "multiple config groups")
                 self.required[group] = (header_prefix + key, value.encode())
 
     def __bool__(self) -> bool:
