@@ -644,6 +644,9 @@ def test_generate_extension_matches(tmp_path):
     for mine, theirs in zip(ours, ref):
         if theirs[1] == 500:  # a JSON value of the wrong type: 400 here (a client's error), 500 in Triton
             assert (mine[1], mine[0], mine[2:]) == (400, theirs[0], theirs[2:])
+        elif theirs[1] == 200 and theirs[3].startswith('{"error"'):
+            # too few or too many responses for /generate: Triton had sent 200 already; 400 here
+            assert (mine[1], mine[0], mine[2:]) == (400, theirs[0], theirs[2:])
         else:
             assert mine == theirs
 

@@ -22,7 +22,9 @@ def test_generate_errors(server):
                                                          "required input(s) ['B']. Please provide all required "
                                                          "input(s).")
     status, _, raw = http_request(server.http_port, "POST", "/v2/models/repeat/generate", orjson.dumps({"N": 2}))
-    assert status == 400 and "use generate_stream" in orjson.loads(raw)["error"]
+    assert status == 400 and orjson.loads(raw)["error"] == ("generate expects model to produce exactly 1 response, "
+                                                           "use generate stream for model that generates various "
+                                                           "number of responses")
 
 
 TEXT_MODEL = """
@@ -52,6 +54,10 @@ GENERATE_CASES = [
     ("fail/generate_stream", b'{"X":[1]}'), ("fail/generate", b'{"X":[1]}'),
     ("repeat/generate_stream", b'{"N":[-1]}'), ("repeat/generate_stream", b'{"N":[0]}'),
     ("repeat/generate_stream", b'{"N":[2]}'),
+    ("textm/generate", b'{"PROMPT":"hi","parameters":1}'),
+    ("textm/generate", b'{"PROMPT":"hi","parameters":{"nested":{"twice":1}}}'),
+    ("textm/generate", b'{"PROMPT":"hi","parameters":{"REPETITION":2}}'),
+    ("repeat/generate", b'{"N":[0]}'), ("repeat/generate", b'{"N":[2]}'), ("repeat/generate", b'{"N":[1]}'),
 ]
 
 
@@ -97,6 +103,15 @@ def test_generate_as_triton_reads_it(start_server, tmp_path, test_repo, example_
     assert answers[9][1:] == (400, "text/event-stream; charset=utf-8",
                               'data: {"error":"X = 1 is not a valid input"}\n\n')
     assert answers[12][1:] == (200, "text/event-stream; charset=utf-8", "")  # zero responses
+    # parameters: a JSON object of strings, integers and booleans, in Triton's words otherwise
+    assert orjson.loads(answers[14][3])["error"] == ("Expected JSON object for keyword: 'parameters': attempt to "
+                                                     "access JSON non-object as object")
+    assert orjson.loads(answers[15][3])["error"] == ("Converting keyword: 'parameters': parameter 'nested' has "
+                                                     "invalid type. It should be either 'int', 'bool', or 'string'.")
+    assert answers[16][1] == 200 and "REPETITION" in answers[16][3]
+    one_only = "generate expects model to produce exactly 1 response"
+    assert [(a[1], one_only in a[3]) for a in answers[17:19]] == [(400, True), (400, True)]  # 0 and 2 responses
+    assert orjson.loads(answers[19][3])["I"] == 0
 
 
 def test_generate_stream_sends_one_event_per_response(server):

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import datatypes
 from ..core import InferRequest, InferResponse, Tensor
-from ..errors import invalid
+from ..errors import ServerError, invalid
 
 RESERVED = ("id", "parameters")
 PREFIX = "[request id: <id_unknown>] "
@@ -53,6 +53,14 @@ def _tensor_data(name: str, datatype: str, values: list) -> bytes:
         raise invalid(f"input '{name}': {e}") from None
 
 
+def _parameter(key: str, value):
+    """A request parameter's value as Triton takes it from a generate request: a string, an integer or
+    a boolean, in its words otherwise."""
+    if isinstance(value, float) or not isinstance(value, (str, int, bool)):
+        raise invalid(f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
+    return value
+
+
 def decode(doc: dict, model: str, version: str, inputs: dict, max_batch_size: int) -> InferRequest:
     """A generate request as a core request, as Triton reads it: each key that names an input
     becomes that input (shaped as the configuration says, a batch of one when the model batches);
@@ -65,9 +73,7 @@ def decode(doc: dict, model: str, version: str, inputs: dict, max_batch_size: in
             continue
         cfg = inputs.get(key)
         if cfg is None:
-            if isinstance(value, float) or not isinstance(value, (str, int, bool)):
-                raise invalid(f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
-            parameters[key] = value
+            parameters[key] = _parameter(key, value)
             continue
         values = value if isinstance(value, list) else [value]
         shape = [len(values) if d == -1 else d for d in cfg.dims]
@@ -82,10 +88,14 @@ def decode(doc: dict, model: str, version: str, inputs: dict, max_batch_size: in
         if max_batch_size > 0:
             shape = [1, *shape]
         tensors.append(Tensor(key, cfg.datatype, shape, data))
-    given = doc.get("parameters") or {}
+    given = doc.get("parameters", {})
     if not isinstance(given, dict):
-        raise invalid("'parameters' must be a JSON object")
-    parameters.update(given)
+        raise invalid("Expected JSON object for keyword: 'parameters': attempt to access JSON non-object as object")
+    for key, value in given.items():
+        try:
+            parameters[key] = _parameter(key, value)
+        except ServerError as e:
+            raise invalid(f"Converting keyword: 'parameters': {e.message}") from None
     request_id = doc.get("id", "")
     return InferRequest(model, version, request_id if isinstance(request_id, str) else str(request_id), tensors,
                         None, parameters)

@@ -245,9 +245,9 @@ class HttpApp:
                 raise item
             if not item.empty:
                 responses.append(item)
-        if len(responses) != 1:
-            raise ServerError(f"generate expects one response from model '{model}', it sent {len(responses)}; "
-                              "use generate_stream")
+        if len(responses) != 1:  # Triton's words; its status is 200 (sent before the responses came)
+            raise ServerError("generate expects model to produce exactly 1 response, use generate stream for model "
+                              "that generates various number of responses")
         await _send(send, 200, orjson.dumps(generate.encode(responses[0])))
 
     async def generate_stream(self, receive, send, model: str, version: str | None) -> None:
