@@ -47,8 +47,10 @@ def test_register_status_unregister(fake_gpu_server):
 
 
 @pytest.mark.parametrize("body,message", [
-    ({"raw_handle": {"b64": base64.b64encode(bytes(10)).decode()}}, "a cudaIpcMemHandle has 64"),
-    ({"device_id": 3}, "GPU 3 is not visible to this server"),
+    ({"raw_handle": {"b64": base64.b64encode(bytes(10)).decode()}},
+     "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"),
+    ({"device_id": 3}, "failed to register shared memory region: invalid args (CUDA shared memory region 'bad': "
+                       "GPU 3 is not visible to this server"),
     ({"raw_handle": "not-base64-object"}, "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"),
     ({"raw_handle": {"b64": ""}}, "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"),
     ({"byte_size": 0}, "needs a byte_size > 0"),
@@ -57,6 +59,16 @@ def test_registration_errors(fake_gpu_server, body, message):
     status, _, raw = _register(fake_gpu_server, "bad", **body)
     assert status == 400
     assert message in orjson.loads(raw)["error"]
+
+
+def test_a_handle_of_the_wrong_size_over_grpc_is_refused_in_tritons_words(fake_gpu_server):
+    """gRPC takes any bytes as the handle (Triton's HTTP frontend checks the size, its gRPC one does
+    not): the registration fails as Triton's does, INVALID_ARGUMENT "...: invalid args"."""
+    g = grpcclient.InferenceServerClient(fake_gpu_server.grpc_url)
+    with pytest.raises(InferenceServerException) as e:
+        g.register_cuda_shared_memory("short", base64.b64encode(bytes(10)), 0, 64)
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert e.value.message().startswith("failed to register shared memory region: invalid args")
 
 
 def test_cpu_instance_cannot_use_a_cuda_region(fake_gpu_server):

@@ -18,6 +18,7 @@ import orjson
 from .. import __version__
 from ..dataplane import EXTENSIONS, Dataplane
 from ..errors import ServerError, invalid, too_large, unsupported
+from ..ipc.shm_registry import IPC_HANDLE_SIZE
 from ..logs import get_logger
 from . import generate, http_codec, json_offload
 from .http_protocol import BODY_KEY, FORWARDED_KEY, JSON_HEADERS, ReceivedBody, binary_headers
@@ -331,8 +332,10 @@ class HttpApp:
             try:
                 raw = base64.b64decode(handle["b64"], validate=True)
             except (TypeError, KeyError, binascii.Error, ValueError):
+                raw = b""
+            if len(raw) != IPC_HANDLE_SIZE:  # what Triton's HTTP frontend checks before the registration
                 raise ServerError("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t; a CUDA region "
-                                  "registration needs 'raw_handle': {'b64': the cudaIpcMemHandle in base64}") from None
+                                  "registration needs 'raw_handle': {'b64': the 64-byte cudaIpcMemHandle in base64}")
             if not isinstance(doc.get("device_id"), int) or not isinstance(doc.get("byte_size"), int):
                 raise ServerError("a CUDA region registration needs 'device_id' and 'byte_size' (integers)")
             self.dp.register_cuda_shm(region, raw, doc["device_id"], doc["byte_size"])

@@ -84,9 +84,7 @@ class SharedMemoryRegistry:
         size = _segment_size(key)  # a key that cannot be opened is said first, as Triton does
         if offset < 0 or byte_size <= 0:
             raise invalid(f"shared memory region '{name}' needs a key, an offset >= 0 and a byte_size > 0")
-        if offset + byte_size > size:
-            if any(r.key == key for r in self.regions.values()):  # Triton checks against its mapping of the key
-                raise ServerError(f"Invalid shared memory region: '{key}'", Status.INTERNAL)
+        if offset + byte_size > size:  # Triton's words, whether the key is registered already or not
             raise invalid(f"failed to register shared memory region '{name}': invalid args")
         self.regions[name] = Region(name, key, offset, byte_size, new_region_id())
 
@@ -95,12 +93,13 @@ class SharedMemoryRegistry:
         self.check_allowed()
         if name in self.regions:
             raise ServerError(f"shared memory region '{name}' already in manager", Status.ALREADY_EXISTS)
+        # Triton's words for a handle it cannot open, our reason after them
         if len(raw_handle) != IPC_HANDLE_SIZE:
-            raise invalid(f"'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t: CUDA shared memory region "
-                          f"'{name}' got {len(raw_handle)} bytes, a cudaIpcMemHandle has {IPC_HANDLE_SIZE}")
+            raise invalid(f"failed to register shared memory region: invalid args (CUDA shared memory region "
+                          f"'{name}' got {len(raw_handle)} bytes, a cudaIpcMemHandle has {IPC_HANDLE_SIZE})")
         if device_id not in gpus:
-            raise invalid(f"CUDA shared memory region '{name}': GPU {device_id} is not visible to this server "
-                          f"(visible: {gpus})")
+            raise invalid(f"failed to register shared memory region: invalid args (CUDA shared memory region "
+                          f"'{name}': GPU {device_id} is not visible to this server, visible: {gpus})")
         if byte_size <= 0:
             raise invalid(f"CUDA shared memory region '{name}' needs a byte_size > 0")
         self.regions[name] = Region(name, "", 0, byte_size, new_region_id(), "cuda", bytes(raw_handle), device_id)
