@@ -640,6 +640,24 @@ def test_restricted_api_flags_triton_refuses_are_refused_in_its_words(compat_rep
             assert result.returncode != 0 and words in result.stdout + result.stderr, (command[0], result.stderr)
 
 
+def test_a_model_py_that_imports_its_sibling_files_serves_alike(tmp_path):
+    from test_python_api import SIBLINGS_PY
+
+    model = write_model(tmp_path / "repo", "multi_file", SIBLINGS_PY,
+                        'backend: "python"\ninput [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+                        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+    (model / "1" / "file1.py").write_text('FILE_NAME = "FILE1"\nBATCH = 4\n')
+    (model / "1" / "file2.py").write_text('FILE_NAME = "FILE2"\n\n\ndef twice(x):\n    return x * 2\n')
+    body = orjson.dumps({"inputs": [{"name": "X", "shape": [2, 1], "datatype": "FP32", "data": [1.5, 2]}]})
+    with both_serving(tmp_path / "repo", tmp_path) as servers:
+        for method, path, data in (("GET", "/v2/models/multi_file", b""),
+                                   ("POST", "/v2/models/multi_file/infer", body)):
+            ours, ref = _both(servers, method, path, data)
+            assert ours == ref and ours[0] == 200, (ours, ref)
+        ours, ref = _both(servers, "GET", "/v2/models/multi_file/config")
+        assert ours[1]["max_batch_size"] == ref[1]["max_batch_size"] == 4
+
+
 def test_raw_binary_requests_match(tmp_path):
     from conftest import raw_binary_answers, raw_binary_repo
 

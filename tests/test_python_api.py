@@ -251,3 +251,42 @@ def test_gpu_tensors_through_dlpack_and_preferred_memory(start_server, tmp_path,
         assert client.infer("gpu_tensors", [x]).as_numpy("Y").tolist() == [42.0]
     finally:
         client.close()
+
+
+SIBLINGS_PY = """
+import file1
+import triton_python_backend_utils as pb_utils
+
+from . import file2
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.set_max_batch_size(file1.BATCH)  # the imports work when the config is completed too
+        return config
+
+    def initialize(self, args):
+        if file1.FILE_NAME != "FILE1" or file2.FILE_NAME != "FILE2":
+            raise pb_utils.TritonModelException("Imports do not work")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", file2.twice(
+            pb_utils.get_input_tensor_by_name(r, "X").as_numpy()))]) for r in requests]
+"""
+
+
+def test_model_py_imports_the_files_beside_it_as_triton_loads_it(start_server, tmp_path):
+    """Triton's qa multi_file model: `import file1` (a file beside model.py) and `from . import file2`
+    (model.py's own package), at auto-complete and when the model loads."""
+    model = write_model(tmp_path / "repo", "multi_file", SIBLINGS_PY,
+                        'backend: "python"\ninput [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+                        'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 1 ] } ]\n')
+    (model / "1" / "file1.py").write_text('FILE_NAME = "FILE1"\nBATCH = 4\n')
+    (model / "1" / "file2.py").write_text('FILE_NAME = "FILE2"\n\n\ndef twice(x):\n    return x * 2\n')
+    server = start_server([tmp_path / "repo"])
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.get_model_config("multi_file")["max_batch_size"] == 4
+    x = httpclient.InferInput("X", [2, 1], "FP32")
+    x.set_data_from_numpy(np.array([[1.5], [2.0]], np.float32))
+    np.testing.assert_array_equal(client.infer("multi_file", [x]).as_numpy("Y"), [[3.0], [4.0]])

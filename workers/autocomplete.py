@@ -8,27 +8,20 @@ file is imported here, never in the frontend.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import sys
 import traceback
 
 from . import pb_utils
-from .python_backend import install_utils_module
+from .python_backend import import_model_file, install_utils_module
 
 
 def main() -> int:
     path = sys.argv[1]
     config = json.loads(sys.stdin.read())
     install_utils_module()
-    sys.path.insert(0, os.path.dirname(path))
     try:
-        spec = importlib.util.spec_from_file_location("tritonmp_autocomplete_model", path)
-        if spec is None or spec.loader is None:
-            raise ValueError(f"cannot load {os.path.basename(path)} as a python module")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = import_model_file(path, "autocomplete")
         completer = getattr(module.TritonPythonModel, "auto_complete_config", None)
         if completer is not None:
             result = completer(pb_utils.ModelConfig(config))

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.machinery
 import importlib.util
 import inspect
 import json
 import os
+import re
 import sys
 import threading
 import traceback
+from types import ModuleType
 
 from tritonmp.ipc.transport import TensorSpec, WorkerSpec
 
@@ -39,6 +42,26 @@ def _work_response(result) -> WorkResponse:
                          for t in result._outputs], parameters=result._parameters)
 
 
+def import_model_file(path: str, tag: str) -> ModuleType:
+    """Import a model's file (model.py) as Triton loads it: its directory is on sys.path (`import
+    file1` finds a file beside it) and is a package the file belongs to (`from . import file2`
+    works too). `tag` names that package apart from any other module."""
+    directory, filename = os.path.split(path)
+    sys.path.insert(0, directory)
+    package = re.sub(r"\W", "_", f"tritonmp_model_{tag}")
+    package_module = importlib.util.module_from_spec(importlib.machinery.ModuleSpec(package, None, is_package=True))
+    package_module.__path__ = [directory]
+    sys.modules[package] = package_module
+    module_name = f"{package}.{os.path.splitext(filename)[0]}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {filename} as a python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 class PythonBackend(Backend):
     uses_senders = True  # every request has a response sender (WorkRequest.sender)
 
@@ -46,17 +69,11 @@ class PythonBackend(Backend):
         install_utils_module()
         pb_utils.Logger.verbose = spec.log_verbose
         pb_utils.Logger.prefix = f"{spec.instance_name}"
-        version_dir = os.path.join(spec.model_dir, str(spec.model_version))
-        path = os.path.join(version_dir, config["default_model_filename"])
-        sys.path.insert(0, version_dir)
-        module_name = f"tritonmp_model_{spec.model_name}_{spec.model_version}".replace("-", "_")
-        loader = importlib.util.spec_from_file_location(module_name, path)
-        if loader is None or loader.loader is None:
-            raise BackendError(f"cannot load {config['default_model_filename']} as a python module")
-        module = importlib.util.module_from_spec(loader)
-        sys.modules[module_name] = module
+        path = os.path.join(spec.model_dir, str(spec.model_version), config["default_model_filename"])
         try:
-            loader.loader.exec_module(module)
+            module = import_model_file(path, f"{spec.model_name}_{spec.model_version}")
+        except ImportError as e:
+            raise BackendError(str(e)) from None
         except Exception:
             raise BackendError(f"importing {path} failed:\n{traceback.format_exc(limit=-3)}") from None
         if not hasattr(module, "TritonPythonModel"):
