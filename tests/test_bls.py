@@ -1,9 +1,13 @@
 """Python models calling other models of the server (BLS), with exec() and async_exec()."""
 
+import shutil
+
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+
+from conftest import X_TO_Y_CONFIG, write_model
 
 
 def _call(server, target):
@@ -100,3 +104,51 @@ def test_a_cancellation_reaches_a_model_while_it_executes(server):
                           "the model to see is_cancelled() inside execute()")
     finally:
         client.close()
+
+
+BLS_IN_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def ask_add():
+    request = pb_utils.InferenceRequest(model_name="add_py", requested_output_names=["C"],
+                                        inputs=[pb_utils.Tensor("A", np.ones((1, 3), np.float32)),
+                                                pb_utils.Tensor("B", np.ones((1, 3), np.float32))])
+    return request.exec()
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if args["model_name"] == "bls_in_initialize":
+            ask_add()
+
+    def execute(self, requests):
+        c = pb_utils.get_output_tensor_by_name(ask_add(), "C").as_numpy()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", c[0, :1])]) for _ in requests]
+
+    def finalize(self):
+        ask_add()
+"""
+
+
+def test_bls_outside_execute_is_refused_in_tritons_words(start_server, example_repo, tmp_path):
+    """BLS during initialize() fails the load, during finalize() the model's error is logged at
+    shutdown; in between (execute) it works. Triton's words in each."""
+    repo = tmp_path / "repo"
+    shutil.copytree(example_repo / "add_py", repo / "add_py")
+    for name in ("bls_in_initialize", "bls_in_finalize"):
+        write_model(repo, name, BLS_IN_PY, X_TO_Y_CONFIG)
+    server = start_server([repo], "--model-control-mode=explicit", "--load-model=add_py")
+    client = httpclient.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException, match="BLS is only supported during the 'execute' function."):
+        client.load_model("bls_in_initialize")
+    client.load_model("bls_in_finalize")
+    x = httpclient.InferInput("X", [1], "FP32")
+    x.set_data_from_numpy(np.zeros(1, np.float32))
+    assert client.infer("bls_in_finalize", [x]).as_numpy("Y").tolist() == [2.0]  # in execute it works
+    before = server.log().count("BLS is only supported during the 'execute' function.")
+    client.unload_model("bls_in_finalize")
+    server.wait_until(lambda: server.log().count("BLS is only supported during the 'execute' function.") > before,
+                      30, "the finalize() error in the log")
+    assert "in finalize" in server.log()  # the traceback names where it was raised

@@ -33,6 +33,9 @@ TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
 # Set by the worker: sends a BLS request to the frontend and returns its InferenceResponse.
 _bls_executor: Callable[..., Any] | None = None
+# Set by the python backend: true from the end of the model's initialize() to the start of its
+# finalize(), the only time Triton lets a model make BLS requests.
+_bls_allowed = False
 # Set by the worker: control(op, model, version, **args) -> bool, answered by the frontend.
 _control_executor: Callable[..., bool] | None = None
 
@@ -566,6 +569,8 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False):
         """Run this request on a model of the server (BLS) and wait for its response; with
         decoupled=True, a ResponseIterator over every response as it comes."""
+        if not _bls_allowed:
+            raise TritonModelException("BLS is only supported during the 'execute' function.")
         if _bls_executor is None:
             error = InferenceResponse(error=TritonError("BLS requests can only be made by a model served by tritonmp",
                                                         TritonError.UNAVAILABLE))

@@ -99,6 +99,7 @@ class PythonBackend(Backend):
             except Exception as e:  # the model's own frames only, not this module's call into it
                 frames = traceback.format_exception(type(e), e, e.__traceback__.tb_next)
                 raise BackendError("initialize() failed:\n" + "".join(frames[-6:])) from None
+        pb_utils._bls_allowed = True  # from now until finalize(), as Triton allows BLS
 
     def metadata(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
         return [], []
@@ -200,6 +201,7 @@ class PythonBackend(Backend):
         return self.loop
 
     def finalize(self) -> None:
+        pb_utils._bls_allowed = False
         if hasattr(self.model, "finalize"):
             self.model.finalize()
         if self.loop is not None:
