@@ -658,6 +658,19 @@ def test_a_model_py_that_imports_its_sibling_files_serves_alike(tmp_path):
         assert ours[1]["max_batch_size"] == ref[1]["max_batch_size"] == 4
 
 
+def test_bls_in_initialize_fails_the_load_alike(tmp_path):
+    from test_bls import BLS_IN_PY
+
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE_REPO / "add_py", repo / "add_py")
+    write_model(repo, "bls_in_initialize", BLS_IN_PY, X_TO_Y_CONFIG)
+    with both_serving(repo, tmp_path, ("--load-model=add_py",)) as servers:
+        for server in servers:
+            status, _, raw = http_request(server.http_port, "POST", "/v2/repository/models/bls_in_initialize/load")
+            assert status == 400 and "BLS is only supported during the 'execute' function." in \
+                orjson.loads(raw)["error"], raw
+
+
 def test_raw_binary_requests_match(tmp_path):
     from conftest import raw_binary_answers, raw_binary_repo
 
