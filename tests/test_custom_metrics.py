@@ -52,6 +52,14 @@ class TritonPythonModel:
                         answer.append("no error")
                     except pb_utils.TritonModelException as e:
                         answer.append(str(e))
+            elif op == "twice":  # Triton's qa: the same name and kind is the same family, whatever its description
+                self.again = pb_utils.MetricFamily(name="metered_requests", description="another description",
+                                                   kind=pb_utils.MetricFamily.COUNTER)
+                same = self.again.Metric(labels={"model": "metered", "version": "1"})
+                # kept, as a metric goes with its last reference
+                self.unbounded = self.sizes.Metric(labels={"model": "metered", "version": "open"}, buckets=[])
+                self.unbounded.observe(3)
+                answer = [str(same.value() == self.count.value())]
             else:
                 answer = [str(self.count.value()), str(self.gauge.value())]
             out = np.array(["\\n".join(answer).encode()], dtype=object)
@@ -92,12 +100,22 @@ def test_counter_gauge_and_histogram_are_exported_and_read_back(metered):
     samples = scrape_metrics(metered)
     assert samples[f"metered_requests{{{LABELS}}}"] == 3
     assert samples[f"metered_level{{{LABELS}}}"] == 5.5
-    assert samples[f'metered_sizes_bucket{{le="1.0",{LABELS}}}'] == 0
-    assert samples[f'metered_sizes_bucket{{le="10.0",{LABELS}}}'] == 3
+    # bucket bounds and sums as Triton writes them: 1, not 1.0, and the bound after the labels
+    assert samples[f'metered_sizes_bucket{{{LABELS},le="1"}}'] == 0
+    assert samples[f'metered_sizes_bucket{{{LABELS},le="10"}}'] == 3
     assert samples[f"metered_sizes_count{{{LABELS}}}"] == 3
     assert samples[f"metered_sizes_sum{{{LABELS}}}"] == 15
     status, _, body = http_request(metered.metrics_port, "GET", "/metrics")
     assert "# HELP metered_requests Requests the model saw\n# TYPE metered_requests counter" in body.decode()
+
+
+def test_a_family_asked_for_twice_and_a_histogram_of_no_buckets_are_tritons(metered):
+    assert _answer(metered, "twice") == ["True"]
+    samples = scrape_metrics(metered)
+    assert samples['metered_sizes_bucket{model="metered",version="open",le="+Inf"}'] == 1
+    assert samples['metered_sizes_sum{model="metered",version="open"}'] == 3
+    status, _, body = http_request(metered.metrics_port, "GET", "/metrics")
+    assert "# HELP metered_requests Requests the model saw\n" in body.decode()  # the first description stays
 
 
 def test_misuse_raises_in_the_model_with_tritons_words(metered):

@@ -43,7 +43,7 @@ def test_histograms_and_extras(server):
     after = _scrape(server)
     labels = 'model="batch_report",version="1"'
     assert after[f"tritonmp_batch_size_count{{{labels}}}"] >= before[f"tritonmp_batch_size_count{{{labels}}}"] + 1
-    assert after[f'tritonmp_batch_size_bucket{{le="+Inf",{labels}}}'] == after[f"tritonmp_batch_size_count{{{labels}}}"]
+    assert after[f'tritonmp_batch_size_bucket{{{labels},le="+Inf"}}'] == after[f"tritonmp_batch_size_count{{{labels}}}"]
     count = after[f"tritonmp_request_duration_us_count{{{labels}}}"]
     assert count == before[f"tritonmp_request_duration_us_count{{{labels}}}"] + 1
     buckets = [v for k, v in after.items() if k.startswith("tritonmp_request_duration_us_bucket") and labels in k]

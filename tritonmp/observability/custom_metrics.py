@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import ServerError, Status
+from .metrics import number
 
 KINDS = ("COUNTER", "GAUGE", "HISTOGRAM")
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
@@ -67,7 +68,7 @@ class CustomMetrics:
         family = self.families.get(name)
         if family is None:
             family = self.families[name] = _Family(name, description, kind)
-        elif family.kind != kind or family.description != description:
+        elif family.kind != kind:  # the same name and kind is the same family, whatever its description
             raise ServerError(f"Error when creating MetricFamily: a metric family '{name}' already exists with "
                               f"kind {family.kind} and description '{family.description}'", Status.ALREADY_EXISTS)
         family.refs[pid] += 1
@@ -80,7 +81,7 @@ class CustomMetrics:
                 raise _invalid(f"Error when creating Metric: label {key!r}: {value!r} is not a valid label "
                                "(names [a-zA-Z_][a-zA-Z0-9_]*, values strings)")
         if family.kind == "HISTOGRAM":
-            if not buckets:
+            if buckets is None:  # an empty list is a histogram of the +Inf bucket alone, as in Triton
                 raise _invalid("Error when creating Metric: a HISTOGRAM metric needs buckets")
             if any(not math.isfinite(b) for b in buckets) or list(buckets) != sorted(set(buckets)):
                 raise _invalid(f"Error when creating Metric: histogram buckets must be finite and increasing, "
@@ -92,9 +93,9 @@ class CustomMetrics:
         metric = family.metrics.get(key)
         if metric is None:
             metric = family.metrics[key] = _Metric(key, tuple(buckets or ()))
-            if buckets:
+            if buckets is not None:
                 metric.counts = [0] * (len(buckets) + 1)
-        elif buckets and tuple(buckets) != metric.buckets:
+        elif buckets is not None and tuple(buckets) != metric.buckets:
             raise _invalid(f"Error when creating Metric: the metric {dict(key)} of '{name}' already exists with "
                            f"buckets {list(metric.buckets)}")
         metric.refs[pid] += 1
@@ -176,8 +177,4 @@ class CustomMetrics:
                 if family.kind == "HISTOGRAM":
                     out.histogram(family.name, metric.buckets, metric.counts, metric.total, **labels)
                 else:
-                    out.sample(family.name, _number(metric.value), **labels)
-
-
-def _number(value: float):
-    return int(value) if value == int(value) and abs(value) < 2**53 else value
+                    out.sample(family.name, number(metric.value), **labels)

@@ -49,9 +49,17 @@ _MODEL_METRICS = [
 
 
 def _labels(**labels) -> str:
+    """Labels in name order, a histogram bucket's `le` last (as Triton writes them)."""
+    le = labels.pop("le", None)
+    items = sorted(labels.items()) + ([("le", le)] if le is not None else [])
     inner = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-                     for k, v in sorted(labels.items()))
+                     for k, v in items)
     return "{" + inner + "}" if inner else ""
+
+
+def number(value: float) -> int | float:
+    """A value as Triton writes it: a whole number without a decimal point (1, not 1.0)."""
+    return int(value) if value == int(value) and abs(value) < 2**53 else value
 
 
 class _Text:
@@ -69,11 +77,11 @@ class _Text:
         running = 0
         for bound, n in zip(bounds, counts):
             running += n
-            self.sample(f"{name}_bucket", running, le=f"{float(bound)}", **labels)
+            self.sample(f"{name}_bucket", running, le=str(number(float(bound))), **labels)
         running += counts[len(bounds)] if len(counts) > len(bounds) else 0
         self.sample(f"{name}_bucket", running, le="+Inf", **labels)
         self.sample(f"{name}_count", running, **labels)
-        self.sample(f"{name}_sum", total, **labels)
+        self.sample(f"{name}_sum", number(total), **labels)
 
 
 class SystemSampler:
