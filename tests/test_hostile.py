@@ -100,6 +100,20 @@ def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(server):
     assert b"99999999999 bytes exceeds the maximum allowed value" in reply
 
 
+def test_a_body_framed_two_ways_is_refused_and_the_connection_closed(server):
+    """Content-Length beside Transfer-Encoding: chunked is how requests are smuggled past a proxy that
+    reads the other framing: refused (400) and the connection closed, not read either way (Triton
+    accepts it; README)."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as s:
+        s.sendall(b"POST /v2/models/add_py/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 400") and reply.count(b"HTTP/1.1") == 1, reply  # nothing smuggled through
+    assert http_request(server.http_port, "GET", "/v2/health/live")[0] == 200
+
+
 def test_a_client_that_sends_its_whole_body_before_reading_gets_the_413(start_server, example_repo):
     """With `Connection: close` (as urllib sends), the connection is shut for writing after the 413
     and the rest of the body is read and dropped, so the client reads the answer instead of a reset;
