@@ -27,6 +27,7 @@ from conftest import (
     free_ports,
     http_request,
     shm_segments,
+    wait_for,
     write_model,
 )
 
@@ -669,6 +670,54 @@ def test_bls_in_initialize_fails_the_load_alike(tmp_path):
             status, _, raw = http_request(server.http_port, "POST", "/v2/repository/models/bls_in_initialize/load")
             assert status == 400 and "BLS is only supported during the 'execute' function." in \
                 orjson.loads(raw)["error"], raw
+
+
+@pytest.mark.parametrize("settings", [{}, {"log_verbose_level": 1},
+                                      {"log_info": False, "log_warning": False, "log_error": False}],
+                         ids=["default", "verbose", "all-off"])
+def test_a_python_models_log_lines_are_kept_and_dropped_alike(tmp_path, settings):
+    """Triton's qa/L0_backend_python/logging: each server logs to a file of its own, the settings change
+    after the model loaded, and the lines of each kind in the two files are as many."""
+    from test_logging import LOGGING_PY
+
+    write_model(tmp_path / "repo", "logging", LOGGING_PY, X_TO_Y_CONFIG)
+    counts = [_model_log_counts(tmp_path, which, settings) for which in ("ours", "ref")]
+    assert counts[0] == counts[1], counts
+
+
+def _model_log_counts(tmp_path, which: str, settings: dict) -> list[int]:
+    """One server (ours or the reference) with its own log file: the settings changed, one request,
+    then stopped; how many lines of each kind the model's Logger left in the file."""
+    log_file = tmp_path / f"{which}.server.log"
+    args = ("--load-model=*", f"--log-file={log_file}")
+    x = orjson.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]})
+    if which == "ours":
+        server = ServerProcess([tmp_path / "repo"], ["--model-control-mode=explicit", *args], tmp_path / "ours.out")
+        port, stop = server.http_port, server.cleanup
+    else:
+        ref = Reference(tmp_path / "repo", tmp_path / "ref.out", args)
+        port = ref.http_port
+
+        def stop():
+            ref.proc.send_signal(signal.SIGTERM)
+            ref.proc.wait(30)
+            ref.log_file.close()
+    try:
+        wait_for(lambda: _ready(port), 120, f"{which} server")
+        if settings:
+            assert http_request(port, "POST", "/v2/logging", orjson.dumps(settings))[0] == 200
+        assert http_request(port, "POST", "/v2/models/logging/infer", x)[0] == 200
+    finally:
+        stop()
+    text = log_file.read_text()
+    return [text.count(f"{kind} Msg!") for kind in ("Specific", "Info", "Warning", "Error", "Verbose")]
+
+
+def _ready(port: int) -> bool:
+    try:
+        return http_request(port, "GET", "/v2/health/ready")[0] == 200
+    except OSError:
+        return False
 
 
 def test_raw_binary_requests_match(tmp_path):

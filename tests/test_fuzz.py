@@ -18,6 +18,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from tritonmp.errors import ServerError
 from tritonmp.frontends import grpc_codec, http2, http_codec
+from tritonmp.logs import get_logger
 from tritonmp.repository import config as cfg
 from tritonmp.validation import TensorConfig, check_request
 
@@ -189,7 +190,7 @@ def test_http2_frames(chunks):
     errors = []
     handler = logging.Handler()
     handler.emit = lambda record: errors.append(record) if record.levelno >= logging.ERROR else None
-    logger = logging.getLogger("tritonmp.http2")
+    logger = get_logger("http2")  # the server's own hierarchy (tritonmp.logs)
     logger.addHandler(handler)
 
     async def run():

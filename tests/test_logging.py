@@ -81,3 +81,59 @@ def test_log_flags_at_startup(start_server, example_repo, tmp_path):
     assert lines and [line for line in lines if not iso.match(line)] == []  # every line, in ISO8601
     settings = httpclient.InferenceServerClient(server.url).get_log_settings()
     assert settings["log_format"] == "ISO8601" and settings["log_verbose_level"] == 1
+
+
+LOGGING_PY = """
+import triton_python_backend_utils as pb_utils
+
+
+def say(where):
+    logger = pb_utils.Logger
+    logger.log(f"{where}-Specific Msg!", logger.INFO)
+    logger.log_info(f"{where}-Info Msg!")
+    logger.log_warn(f"{where}-Warning Msg!")
+    logger.log_error(f"{where}-Error Msg!")
+    logger.log_verbose(f"{where}-Verbose Msg!")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        say("Initialize")
+
+    def execute(self, requests):
+        say("Execute")
+        responses = [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X")
+                                                                 .as_numpy())]) for r in requests]
+        say("Execute")
+        return responses
+
+    def finalize(self):
+        say("Finalize")
+"""
+
+
+@pytest.mark.parametrize("settings,counts", [
+    ({}, (4, 0)),  # initialize, execute twice, finalize; no verbose lines
+    ({"log_verbose_level": 1}, (4, 3)),  # verbose from the change on: execute twice and finalize
+    ({"log_info": False, "log_warning": False, "log_error": False}, (1, 0)),  # initialize's lines only
+], ids=["default", "verbose", "all-off"])
+def test_a_python_models_logger_follows_the_log_settings(start_server, tmp_path, settings, counts):
+    """As Triton's qa/L0_backend_python/logging counts them: pb_utils.Logger's lines reach the server's
+    log file, kept or dropped by the settings as they are when the line comes (changed over HTTP after
+    the model loaded)."""
+    from conftest import X_TO_Y_CONFIG, write_model
+
+    write_model(tmp_path / "repo", "logging", LOGGING_PY, X_TO_Y_CONFIG)
+    log_file = tmp_path / "server.log"
+    server = start_server([tmp_path / "repo"], "--log-file", str(log_file))
+    client = httpclient.InferenceServerClient(server.url)
+    if settings:
+        client.update_log_settings(settings)
+    x = httpclient.InferInput("X", [1], "FP32")
+    x.set_data_from_numpy(np.ones(1, np.float32))
+    client.infer("logging", [x])
+    assert server.stop() == 0  # finalize() logs as the model unloads
+    text = log_file.read_text()
+    kinds = ("Specific", "Info", "Warning", "Error")
+    assert [text.count(f"{kind} Msg!") for kind in kinds] == [counts[0]] * 4, text
+    assert text.count("Verbose Msg!") == counts[1], text

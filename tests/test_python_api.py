@@ -131,8 +131,11 @@ def test_the_rest_of_the_python_backend_api_is_there(start_server, tmp_path, exa
         assert client.infer("names", [x]).as_numpy("Y").tolist() == [42.0]
     finally:
         client.close()
-    assert re.search(r"^W\d{4} [\d:.]+ names_0\] names model: at warning level$", server.log(), re.M)
-    assert re.search(r"^I\d{4} [\d:.]+ names_0\] names model: at info level$", server.log(), re.M)
+    # the server's log layout, under the logger of the model's instance
+    assert re.search(r"^W\d{4} [\d:.]+ \d+ tritonmp\.model\.names_0\] names model: at warning level$", server.log(),
+                     re.M)
+    assert re.search(r"^I\d{4} [\d:.]+ \d+ tritonmp\.model\.names_0\] names model: at info level$", server.log(),
+                     re.M)
 
 
 PARAMETERS_MODEL = """

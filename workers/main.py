@@ -102,6 +102,10 @@ class Worker:
             raise pb_utils.TritonModelException(result.error)
         return result.number
 
+    def log_send(self, level: str, message: str) -> None:
+        """A line of the model's pb_utils.Logger, for the server's log."""
+        self.send(transport.LOG, transport.Log(level, message))
+
     def metric_send(self, op: str, family: str, labels: dict, value: float) -> None:
         self.send(transport.METRIC, transport.MetricUpdate(op, family, labels, value))
 
@@ -227,6 +231,7 @@ class Worker:
                 from . import pb_utils
 
                 pb_utils._bls_executor = self.bls
+                pb_utils.Logger._sink = self.log_send
                 pb_utils._control_executor = self.control
                 pb_utils.pb_metrics._call, pb_utils.pb_metrics._send = self.metric_call, self.metric_send
                 self.metric_outbox = pb_utils.pb_metrics.outbox

@@ -698,43 +698,46 @@ class LogLevel(enum.IntEnum):
     VERBOSE = 3
 
 
+_LEVEL_NAMES: dict[int, str] = {level.value: level.name for level in LogLevel}
+
+
 class Logger:
-    """Writes to the server's log stream in Triton's layout."""
+    """Writes to the server's log, which keeps what its settings ask for."""
 
     LogLevel = LogLevel
     INFO, WARNING, ERROR, VERBOSE = LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR, LogLevel.VERBOSE
 
     prefix = "model"
+    # Set by the worker: send(level, message) hands a line to the server's log, which keeps or drops
+    # it by its log settings as they are when it comes (/v2/logging), as Triton's does.
+    _sink: Callable[[str, str], None] | None = None
 
     @classmethod
     def _write(cls, level: str, message: str) -> None:
-        t = time.time()
+        if cls._sink is not None:
+            cls._sink(level, str(message))
+            return
+        t = time.time()  # outside a worker: stderr, in the server's layout
         stamp = time.strftime("%m%d %H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1e6):06d}"
-        sys.stderr.write(f"{level}{stamp} {cls.prefix}] {message}\n")
+        sys.stderr.write(f"{level[0]}{stamp} {cls.prefix}] {message}\n")
         sys.stderr.flush()
 
     @classmethod
     def log(cls, message: str, level: int = LogLevel.INFO) -> None:
-        if level == LogLevel.VERBOSE:
-            cls.log_verbose(message)
-        else:
-            cls._write("IWE"[level] if 0 <= level <= 2 else "I", message)
+        cls._write(_LEVEL_NAMES.get(int(level), "INFO"), message)
 
     @classmethod
     def log_info(cls, message: str) -> None:
-        cls._write("I", message)
+        cls._write("INFO", message)
 
     @classmethod
     def log_warn(cls, message: str) -> None:
-        cls._write("W", message)
+        cls._write("WARNING", message)
 
     @classmethod
     def log_error(cls, message: str) -> None:
-        cls._write("E", message)
+        cls._write("ERROR", message)
 
     @classmethod
     def log_verbose(cls, message: str) -> None:
-        if cls.verbose:
-            cls._write("I", message)
-
-    verbose = 0
+        cls._write("VERBOSE", message)

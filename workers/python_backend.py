@@ -67,7 +67,6 @@ class PythonBackend(Backend):
 
     def __init__(self, spec: WorkerSpec, config: dict):
         install_utils_module()
-        pb_utils.Logger.verbose = spec.log_verbose
         pb_utils.Logger.prefix = f"{spec.instance_name}"
         path = os.path.join(spec.model_dir, str(spec.model_version), config["default_model_filename"])
         try:

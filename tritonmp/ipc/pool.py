@@ -40,6 +40,9 @@ from .channel import Channel
 from .output_arenas import OutputArenas
 
 log = get_logger("pool")
+# a model's own log lines (pb_utils.Logger), by level; VERBOSE is Triton's verbose level 1
+MODEL_LOG_LEVELS = {"INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR,
+                    "VERBOSE": logging.DEBUG}
 
 _uids = itertools.count(1)
 RESTART_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -93,6 +96,7 @@ class Instance:
     def __init__(self, pool: InstancePool, spec: InstanceSpec):
         self.pool = pool
         self.spec = spec
+        self.model_log = get_logger(f"model.{spec.name}")  # the model's pb_utils.Logger lines
         self.proc: asyncio.subprocess.Process | None = None
         self.channel: Channel | None = None
         self.in_arenas: list[Arena] = []  # two: the batch in flight's, and the one sent ahead's
@@ -342,6 +346,9 @@ class Instance:
             self._on_result(transport.decode(transport.Result, header), frames)
         elif kind == transport.STREAM:
             self._on_stream(transport.decode(transport.StreamResponse, header), frames)
+        elif kind == transport.LOG:
+            line = transport.decode(transport.Log, header)
+            self.model_log.log(MODEL_LOG_LEVELS.get(line.level, logging.INFO), "%s", line.message)
         elif kind == transport.METRIC:
             update = transport.decode(transport.MetricUpdate, header)
             if update.op.startswith("delete"):

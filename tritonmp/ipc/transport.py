@@ -17,7 +17,7 @@ import msgspec
 
 from . import buffers
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 # message types
 READY = b"R"  # worker -> frontend: loaded, with backend metadata
@@ -31,6 +31,7 @@ STREAM = b"T"  # worker -> frontend: one response of a decoupled model (any numb
 BLS_CANCEL = b"C"  # worker -> frontend: the model cancelled its decoupled BLS request (header: BlsCancel)
 CANCEL = b"c"  # frontend -> worker: a request's client has gone (header: Cancel)
 METRIC = b"M"  # worker -> frontend: a custom metric's update or deletion, unanswered (header: MetricUpdate)
+LOG = b"L"  # worker -> frontend: a line of pb_utils.Logger, for the server's log as it is set now (header: Log)
 
 
 class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -111,6 +112,11 @@ class BlsCancel(msgspec.Struct, array_like=True):
     call: int
 
 
+class Log(msgspec.Struct, array_like=True):
+    level: str  # INFO, WARNING, ERROR or VERBOSE
+    message: str
+
+
 class MetricUpdate(msgspec.Struct, array_like=True, omit_defaults=True):
     op: str  # increment, set, observe, delete (a Metric), delete_family (a MetricFamily)
     family: str
@@ -178,7 +184,7 @@ encode = _encoder.encode
 _decoders = {
     cls: msgspec.msgpack.Decoder(cls)
     for cls in (Execute, Result, Ready, LoadFailed, BlsRequest, BlsResult, StreamResponse, BlsCancel, Cancel,
-                MetricUpdate)
+                MetricUpdate, Log)
 }
 
 

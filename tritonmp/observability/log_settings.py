@@ -53,16 +53,12 @@ class LogSettings:
 
             formatter.converter = time.gmtime
         self.handler.setFormatter(formatter)
-        if s["log_verbose_level"] > 0 and s["log_info"]:
-            level = logging.DEBUG
-        elif s["log_info"]:
-            level = logging.INFO
-        elif s["log_warning"]:
-            level = logging.WARNING
-        elif s["log_error"]:
-            level = logging.ERROR
-        else:
-            level = logging.CRITICAL + 1
+        # each level on or off by itself, as Triton's flags are (verbose lines need log_info too)
+        enabled = {logging.DEBUG: s["log_verbose_level"] > 0 and s["log_info"], logging.INFO: s["log_info"],
+                   logging.WARNING: s["log_warning"], logging.ERROR: s["log_error"]}
+        self.handler.addFilter(lambda record: enabled[min(max(record.levelno, logging.DEBUG) // 10 * 10,
+                                                          logging.ERROR)])
+        level = min((lv for lv, on in enabled.items() if on), default=logging.CRITICAL + 1)
         for root in self.roots:
             root.addHandler(self.handler)
             root.setLevel(level)
