@@ -140,3 +140,113 @@ def test_a_model_can_ask_whether_it_is_decoupled(start_server, tmp_path):
     x = httpclient.InferInput("X", [1], "FP32")
     x.set_data_from_numpy(np.zeros(1, np.float32))
     assert httpclient.InferenceServerClient(server.url).infer("policy", [x]).as_numpy("Y").tolist() == [0.0]
+
+
+GATE_PY = """
+import asyncio
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+OPENED = None  # set by a request that says "open"; a "wait" request waits for it
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        global OPENED
+        if OPENED is None:
+            OPENED = asyncio.Event()
+        for request in requests:
+            what = pb_utils.get_input_tensor_by_name(request, "WHAT").as_numpy()[0].decode()
+            sender = request.get_response_sender()
+            if what == "open":
+                OPENED.set()
+            elif what == "wait":  # answered only once another call of execute() has run
+                try:
+                    await asyncio.wait_for(OPENED.wait(), 30)
+                except asyncio.TimeoutError:
+                    what = "never opened"
+            elif what == "raise":
+                raise ValueError("the model gave up")
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("SAID", np.array([what.encode()], object))]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+# forwards each request to `gate` with a decoupled BLS call made by async_exec, and relays its responses
+GATE_BLS_PY = """
+import asyncio
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def relay(self, request):
+        call = pb_utils.InferenceRequest(model_name="gate", requested_output_names=["SAID"],
+                                         inputs=[pb_utils.get_input_tensor_by_name(request, "WHAT")])
+        sender = request.get_response_sender()
+        for response in await call.async_exec(decoupled=True):
+            said = pb_utils.get_output_tensor_by_name(response, "SAID")
+            if said is not None:
+                sender.send(pb_utils.InferenceResponse([said]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    async def execute(self, requests):
+        await asyncio.gather(*(self.relay(r) for r in requests))
+        return None
+"""
+
+GATE_CONFIG = ('backend: "python"\nmax_batch_size: 0\nmodel_transaction_policy { decoupled: true }\n'
+               'input [ { name: "WHAT", data_type: TYPE_STRING, dims: [ 1 ] } ]\n'
+               'output [ { name: "SAID", data_type: TYPE_STRING, dims: [ 1 ] } ]\n')
+
+
+@pytest.mark.parametrize("model", ["gate", "gate_bls"])
+def test_a_decoupled_async_execute_runs_in_the_background(start_server, tmp_path, model):
+    """As Triton runs a decoupled model's `async def execute`: the next call starts while one awaits.
+    "wait" is answered only once the "open" sent after it has run; directly, and through a decoupled BLS
+    call made with async_exec (which returns once the first response has come, leaving the model's
+    event loop free)."""
+    from conftest import write_model
+
+    repo = tmp_path / "repo"
+    write_model(repo, "gate", GATE_PY, GATE_CONFIG)
+    write_model(repo, "gate_bls", GATE_BLS_PY, GATE_CONFIG)
+    server = start_server([repo])
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        for what in ("wait", "open"):
+            x = grpcclient.InferInput("WHAT", [1], "BYTES")
+            x.set_data_from_numpy(np.array([what.encode()], object))
+            client.async_stream_infer(model, [x])
+        said = []
+        for _ in range(2):
+            result, error = results.get(timeout=60)
+            assert error is None, error
+            said.append(result.as_numpy("SAID")[0].decode())
+    finally:
+        client.stop_stream()
+    assert sorted(said) == ["open", "wait"], said  # not "never opened"
+
+
+def test_what_a_decoupled_async_execute_raises_is_logged_and_ends_its_requests(start_server, tmp_path):
+    from conftest import write_model
+
+    write_model(tmp_path / "repo", "gate", GATE_PY, GATE_CONFIG)
+    server = start_server([tmp_path / "repo"])
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        x = grpcclient.InferInput("WHAT", [1], "BYTES")
+        x.set_data_from_numpy(np.array([b"raise"], object))
+        client.async_stream_infer("gate", [x])
+        _, error = results.get(timeout=30)
+    finally:
+        client.stop_stream()
+    assert error is not None and "Failed to process the request(s) for model 'gate_0', message: ValueError: " \
+        "the model gave up" in error.message()
+    server.wait_until(lambda: "ValueError: the model gave up" in server.log(), 30, "the model's error in the log")
+    assert "Traceback" in server.log()  # with where it was raised

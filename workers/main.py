@@ -203,11 +203,14 @@ class Worker:
         number, answers = self.inbox.open_call()
         header.call = number
         self.send(transport.BLS, header, frames)
+        # as Triton's, the call returns once its first response has come: iterating the responses then
+        # waits only for the later ones (an `async_exec` leaves the model's event loop free meanwhile)
+        first = self.inbox.answer(answers)
 
         def responses():
+            answer = first
             try:
                 while True:
-                    answer = self.inbox.answer(answers)
                     if answer is None:
                         raise SystemExit(0)  # the frontend has gone
                     result, reply_frames = answer
@@ -216,6 +219,7 @@ class Worker:
                         self._bls_response(result, reply_frames, request)
                     if result.final:
                         return
+                    answer = self.inbox.answer(answers)
             finally:
                 self.inbox.close_call(number)
 

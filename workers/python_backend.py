@@ -126,7 +126,13 @@ class PythonBackend(Backend):
         try:
             try:
                 results = self.model.execute(pb_requests)
-                if inspect.iscoroutine(results):  # `async def execute`, as Triton allows
+                if inspect.iscoroutine(results) and self.decoupled:
+                    # as Triton runs a decoupled model's `async def execute`: in the background, so that
+                    # the next batch's call starts while this one awaits (its responses go through the
+                    # senders)
+                    self._in_background(results, senders)
+                    results = None
+                elif inspect.iscoroutine(results):  # a non-decoupled one's answers are what it returns
                     results = asyncio.run_coroutine_threadsafe(results, self._loop()).result()
             except Exception as e:
                 raise self._failed(f"{type(e).__name__}: {e}") from None
@@ -145,6 +151,26 @@ class PythonBackend(Backend):
             raise
         finally:
             del pb_requests  # so that senders the model did not keep end their requests now
+
+    def _in_background(self, coroutine, senders: list) -> None:
+        """Run a decoupled model's execute() coroutine on the model's event loop without waiting for it.
+        What it raises (or a value it returns) is logged, and ends each of its requests still open with
+        that error. The senders are kept until then, so that a request it still answers stays open."""
+        def done(future) -> None:
+            try:
+                result = future.result()
+                problem = "" if result is None else (f"Python model '{self.instance_name}' is using the decoupled "
+                                                     "mode and the execute function must return None.")
+            except Exception as e:
+                pb_utils.Logger.log_error("".join(traceback.format_exception(type(e), e, e.__traceback__)))
+                problem = f"{type(e).__name__}: {e}"
+            if problem:
+                message = self._failed(problem).args[0]
+                pb_utils.Logger.log_error(message)
+                for sender in senders:
+                    sender._fail(message)
+
+        asyncio.run_coroutine_threadsafe(coroutine, self._loop()).add_done_callback(done)
 
     def _failed(self, message: str) -> BackendError:
         return BackendError(f"Failed to process the request(s) for model '{self.instance_name}', message: {message}")
