@@ -173,18 +173,19 @@ async def _collect(responses):
     return [np.from_dlpack(r.outputs["C"]).tolist() async for r in responses][0]
 
 
-def test_cancelling_a_request_reaches_the_model(capfd):
-    # a server of its own, so that its workers write their log where this test reads it
+def test_cancelling_a_request_reaches_the_model(tmp_path):
+    # a server of its own, whose log (the model's lines too) goes to a file this test reads
     explicit = tritonserver.ModelControlMode.EXPLICIT
-    with tritonserver.Server(model_repository=str(TEST_MODELS), model_control_mode=explicit,
-                             startup_models=["ticker"]) as server:
+    log_file = tmp_path / "server.log"
+    with tritonserver.Server(model_repository=str(TEST_MODELS), model_control_mode=explicit, log_info=True,
+                             log_file=str(log_file), startup_models=["ticker"]) as server:
         responses = server.model("ticker").infer(inputs=_n(-1), raise_on_error=False)  # one tick, then it waits
         first = next(responses)
         assert np.from_dlpack(first.outputs["I"]).tolist() == [0]
         responses.cancel()
         rest = list(responses)
         assert isinstance(rest[-2].error, tritonserver.CancelledError) and rest[-1].final
-        wait_for(lambda: "ticker: cancelled after" in capfd.readouterr().err, 30, "the model to see is_cancelled()")
+        wait_for(lambda: "ticker: cancelled after" in log_file.read_text(), 30, "the model to see is_cancelled()")
         assert list(server.model("ticker").infer(inputs=_n(0)))[-1].final  # it goes on serving
 
 
