@@ -65,6 +65,20 @@ class TritonPythonModel:
 """
 
 
+# reschedules its request and returns a response for it too, as Triton's qa wrong_return_type does
+WRONG_RETURN = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.zeros((1, 1), np.int32))]) for _ in requests]
+"""
+
+
 def _config(batch: int, extra: str, iterative: bool = True) -> str:
     dims = "[ 1 ]"
     return (f'backend: "python"\nmax_batch_size: {batch}\n{extra}'
@@ -79,6 +93,7 @@ def iterative_server(tmp_path_factory):
     write_model(repo, "countdown", COUNTDOWN, _config(0, "model_transaction_policy { decoupled: true }\n"))
     write_model(repo, "runs", RUNS, _config(4, ""))
     write_model(repo, "runs_plain", RUNS, _config(4, "", iterative=False))
+    write_model(repo, "wrong_return", WRONG_RETURN, _config(4, ""))
     with serving([repo], [], tmp_path_factory) as s:
         yield s
 
@@ -133,3 +148,10 @@ def test_rescheduling_without_an_iterative_sequence_config_is_an_error(iterative
     status, data = _runs(iterative_server, "runs_plain", "x", 2)
     assert status == 500
     assert "needs `sequence_batching { iterative_sequence: true }`" in data["error"]
+
+
+def test_a_response_returned_for_a_rescheduled_request_is_an_error_in_tritons_words(iterative_server):
+    status, data = _runs(iterative_server, "wrong_return", "x", 1)
+    assert status == 500
+    assert "Expected a None object in the execute function return list for reschduled request, found type " \
+        in data["error"]

@@ -200,8 +200,8 @@ class PythonBackend(Backend):
         answers = []
         for request, result, sender in zip(requests, results, senders):
             if result is not None and request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-                sender._fail(f"model instance '{self.instance_name}' rescheduled a request and returned a "
-                             "response for it too; return None for a rescheduled request")
+                sender._fail("Expected a None object in the execute function return list for reschduled request, "
+                             f"found type '{type(result)}'.")  # Triton's words, its spelling too
                 answers.append(WorkResponse(deferred=True))
                 continue
             again = self._rescheduled(request, sender)
