@@ -720,6 +720,20 @@ def _ready(port: int) -> bool:
         return False
 
 
+def test_a_model_whose_process_dies_in_initialize_keeps_both_servers_from_starting(tmp_path):
+    from test_lifecycle import INIT_EXIT_PY
+
+    from conftest import TRITONMP
+
+    write_model(tmp_path / "repo", "init_exit", INIT_EXIT_PY, X_TO_Y_CONFIG + "instance_group [ { kind: KIND_CPU } ]\n")
+    for command in (TRITONMP, [str(REFERENCE)]):
+        ports = [f"--{p}-port={n}" for p, n in zip(("http", "grpc", "metrics"), free_ports(3))]
+        result = subprocess.run([*command, "--model-repository", str(tmp_path / "repo"), *ports],
+                                capture_output=True, text=True, timeout=120)
+        output = result.stdout + result.stderr
+        assert result.returncode != 0 and "Stub process 'init_exit_0_0' is not healthy." in output, output[-2000:]
+
+
 def test_raw_binary_requests_match(tmp_path):
     from conftest import raw_binary_answers, raw_binary_repo
 

@@ -8,6 +8,7 @@ import threading
 import time
 
 import orjson
+import pytest
 import tritonclient.http as httpclient
 from test_queue_policy import Calls, _repo
 
@@ -137,3 +138,40 @@ def test_the_unit_file_runs_the_server_as_systemd_expects():
         assert line in unit, line
     assert "ExecStart=" in unit and "--model-repository" in unit
     assert "TRITONMP_ARGS" in (ROOT / "configs" / "tritonmp.env").read_text()
+
+
+INIT_EXIT_PY = """
+import os
+import signal
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
+
+    def execute(self, requests):
+        return []
+"""
+
+
+@pytest.mark.parametrize("flags", [[], ["--disable-auto-complete-config"]], ids=["default", "no-auto-complete"])
+def test_models_that_cannot_start_stop_the_server_in_tritons_words(tmp_path, flags):
+    """Triton's qa/L0_backend_python start-up checks: a model whose process dies in initialize(), and one
+    whose model.py is missing, keep the server from starting, with the words its qa greps the log for."""
+    import subprocess
+
+    from conftest import TRITONMP, free_ports
+
+    cases = (("init_exit", INIT_EXIT_PY, "Stub process 'init_exit_0_0' is not healthy."),
+             ("non_existent_model", None, None))
+    for name, model_py, words in cases:
+        repo = tmp_path / name
+        model = write_model(repo, name, model_py or "", X_TO_Y_CONFIG + "instance_group [ { kind: KIND_CPU } ]\n")
+        if model_py is None:
+            (model / "1" / "model.py").unlink()
+            words = f"Failed to preinitialize Python stub: Python model file not found in '{model / '1' / 'model.py'}'"
+        ports = [f"--{p}-port={n}" for p, n in zip(("http", "grpc", "metrics"), free_ports(3))]
+        result = subprocess.run([*TRITONMP, "--model-repository", str(repo), *ports, *flags],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1, result.stdout
+        assert words in result.stdout + result.stderr and f"failed to load '{name}'" in result.stdout + result.stderr

@@ -239,7 +239,9 @@ class Instance:
             self._deadline.cancel()
             self._deadline = None
         if self.ready is not None and not self.ready.done():
-            self.ready.set_exception(LoadError(f"worker process {reason} while loading"))
+            # Triton's words for a model process that died while it loaded (its qa greps for them)
+            self.ready.set_exception(LoadError(f"Stub process '{self.spec.name}' is not healthy. Its worker process "
+                                               f"{reason} while loading"))
             return
         if not was_alive:
             return  # a failed load: start() has cleaned up and reports it

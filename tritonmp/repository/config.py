@@ -230,8 +230,12 @@ def check_all(model_dir: str, auto_complete: bool = True, override: str | None =
                if backend == "ensemble"
                or os.path.exists(os.path.join(model_dir, str(v), config.default_model_filename))]
     if not present:
-        problems.append(ConfigProblem(model_dir, "default_model_filename",
-                                      f"no version directory holds '{config.default_model_filename}'"))
+        missing = os.path.join(model_dir, str(versions[-1]), config.default_model_filename) if versions else ""
+        problems.append(ConfigProblem(model_dir, "default_model_filename", (
+            # Triton's words (its qa greps the log for them; clients see the path from the repository)
+            f"Failed to preinitialize Python stub: Python model file not found in '{missing}'"
+            if backend == "python" and missing else
+            f"no version directory holds '{config.default_model_filename}'")))
         return problems
     if backend == "python" and auto_complete:
         model_py = os.path.join(model_dir, str(present[-1]), config.default_model_filename)
