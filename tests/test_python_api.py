@@ -293,3 +293,38 @@ def test_model_py_imports_the_files_beside_it_as_triton_loads_it(start_server, t
     x = httpclient.InferInput("X", [2, 1], "FP32")
     x.set_data_from_numpy(np.array([[1.5], [2.0]], np.float32))
     np.testing.assert_array_equal(client.infer("multi_file", [x]).as_numpy("Y"), [[3.0], [4.0]])
+
+
+def test_pb_utils_checks_its_arguments_as_tritons_bindings_do():
+    """Triton's qa argument_validation: a wrong type is a TypeError, a None where a Tensor belongs in a
+    list is TritonModelException, and what is allowed (empty lists, string correlation IDs) works."""
+    from tritonmp.workers import pb_utils
+
+    ok = [pb_utils.Tensor("INPUT0", np.asarray([1, 2], np.int32))]
+    request = {"inputs": ok, "model_name": "m", "requested_output_names": ["o"]}
+    for change in ({"inputs": None}, {"model_name": None}, {"requested_output_names": [None]},
+                   {"requested_output_names": None}, {"correlation_id": None}, {"request_id": None},
+                   {"model_version": None}, {"flags": None}):
+        with pytest.raises(TypeError):
+            pb_utils.InferenceRequest(**{**request, **change})
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceRequest(**{**request, "inputs": [None]})
+    assert pb_utils.InferenceRequest(**request, correlation_id="id-5").correlation_id() == "id-5"
+    assert pb_utils.InferenceRequest(**request).correlation_id() == 0
+    pb_utils.InferenceRequest(requested_output_names=[], inputs=[], model_name="m")
+    with pytest.raises(pb_utils.TritonModelException):
+        pb_utils.InferenceResponse(output_tensors=[None])
+    with pytest.raises(TypeError):
+        pb_utils.InferenceResponse(output_tensors=None)
+    pb_utils.InferenceResponse(output_tensors=[])
+    pb_utils.InferenceResponse(ok)
+    for name, tensor in ((None, np.asarray([1])), ("OUTPUT0", None), ("", None)):
+        with pytest.raises(TypeError):
+            pb_utils.Tensor(name, tensor)
+    for name in ("OUTPUT0", ""):
+        with pytest.raises(pb_utils.TritonModelException):
+            pb_utils.Tensor.from_dlpack(name, None)
+    for call in (lambda: pb_utils.Logger.log("x", None), lambda: pb_utils.Logger.log("x", 1),
+                 lambda: pb_utils.Logger.log_info(None), lambda: pb_utils.Logger.log_warn(None)):
+        with pytest.raises(TypeError):
+            call()

@@ -97,6 +97,24 @@ class TritonError(Exception):
         return self._STATUS.get(self._code, "INTERNAL")
 
 
+def _require(value, types, where: str, what: str) -> None:
+    """A TypeError, as Triton's bindings raise one, for an argument of a type they do not take."""
+    if not isinstance(value, types) or (isinstance(value, bool) and types is int):
+        names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise TypeError(f"{where}(): incompatible arguments: {what} must be {names}, got {type(value).__name__}")
+
+
+def _tensors(values, where: str, what: str) -> list:
+    """A list of Tensors: a TypeError for no list (None), TritonModelException for a None in it, as
+    Triton's."""
+    _require(values, (list, tuple), where, what)
+    for value in values:
+        if value is None:
+            raise TritonModelException(f"{where}: {what} holds None where a pb_utils.Tensor must be")
+        _require(value, Tensor, where, f"{what}[]")
+    return list(values)
+
+
 class TritonModelException(Exception):
     pass
 
@@ -162,6 +180,9 @@ class Tensor:
     _array: np.ndarray  # read only where _device is None (a tensor in GPU memory holds None here)
 
     def __init__(self, name: str, tensor, datatype: str | None = None):
+        _require(name, str, "Tensor", "name")
+        if tensor is None:
+            raise TypeError("Tensor(): incompatible arguments: the tensor must be an array, got None")
         array = np.asarray(tensor)
         if array.dtype.kind in ("U", "S"):
             array = array.astype(np.object_)
@@ -228,6 +249,8 @@ class Tensor:
     def from_dlpack(cls, name: str, tensor) -> Tensor:
         """A Tensor over any DLPack producer (an object with __dlpack__, such as a torch tensor) or
         a DLPack capsule, without a copy; GPU memory stays on the GPU (through torch)."""
+        if not name or tensor is None:  # as Triton's: the model's mistake, not a wrong type
+            raise TritonModelException("Tensor.from_dlpack needs a tensor name and a DLPack tensor or capsule")
         if hasattr(tensor, "__dlpack_device__") and tensor.__dlpack_device__()[0] != KDL_CPU:
             return cls._on_gpu(name, _torch().from_dlpack(tensor))
         if not hasattr(tensor, "__dlpack__"):
@@ -272,8 +295,8 @@ class _Capsule:
 class InferenceResponse:
     __slots__ = ("_outputs", "_error", "_parameters", "__weakref__")
 
-    def __init__(self, output_tensors=None, error: TritonError | None = None, parameters=None):
-        self._outputs = list(output_tensors or ())
+    def __init__(self, output_tensors=(), error: TritonError | None = None, parameters=None):
+        self._outputs = _tensors(output_tensors, "InferenceResponse", "output_tensors")
         self._error = error
         if not parameters:
             self._parameters = {}
@@ -482,15 +505,22 @@ class InferenceRequest:
                  "_model_version", "_timeout", "_sender", "_preferred_memory", "_trace", "_release_flags",
                  "__weakref__")
 
-    def __init__(self, request_id: str = "", correlation_id=0, inputs=None, requested_output_names=None,
+    def __init__(self, request_id: str = "", correlation_id=0, inputs=(), requested_output_names=(),
                  model_name: str = "", model_version: int = -1, flags: int = 0, timeout: int = 0,
                  preferred_memory: PreferredMemory | None = None, trace: InferenceTrace | None = None,
                  parameters=None, **_kwargs):
-        if not isinstance(correlation_id, (int, str)):
-            raise TritonModelException("Correlation ID must be integer or string")
+        # the types Triton's constructor takes (a TypeError otherwise, as from its bindings)
+        _require(request_id, str, "InferenceRequest", "request_id")
+        _require(correlation_id, (int, str), "InferenceRequest", "correlation_id")
+        _require(model_name, str, "InferenceRequest", "model_name")
+        for value, what in ((model_version, "model_version"), (flags, "flags"), (timeout, "timeout")):
+            _require(value, int, "InferenceRequest", what)
+        _require(requested_output_names, (list, tuple), "InferenceRequest", "requested_output_names")
+        for output in requested_output_names:
+            _require(output, str, "InferenceRequest", "requested_output_names[]")
         self._model_name = model_name
-        self._inputs = list(inputs or [])
-        self._requested = list(requested_output_names or [])
+        self._inputs = _tensors(inputs, "InferenceRequest", "inputs")
+        self._requested = list(requested_output_names)
         self._id = request_id
         self._correlation_id = correlation_id
         self._flags = flags
@@ -698,9 +728,6 @@ class LogLevel(enum.IntEnum):
     VERBOSE = 3
 
 
-_LEVEL_NAMES: dict[int, str] = {level.value: level.name for level in LogLevel}
-
-
 class Logger:
     """Writes to the server's log, which keeps what its settings ask for."""
 
@@ -714,8 +741,9 @@ class Logger:
 
     @classmethod
     def _write(cls, level: str, message: str) -> None:
+        _require(message, str, "Logger", "the message")
         if cls._sink is not None:
-            cls._sink(level, str(message))
+            cls._sink(level, message)
             return
         t = time.time()  # outside a worker: stderr, in the server's layout
         stamp = time.strftime("%m%d %H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1e6):06d}"
@@ -724,7 +752,8 @@ class Logger:
 
     @classmethod
     def log(cls, message: str, level: int = LogLevel.INFO) -> None:
-        cls._write(_LEVEL_NAMES.get(int(level), "INFO"), message)
+        _require(level, LogLevel, "Logger.log", "the level")  # a pb_utils.Logger level, not a number
+        cls._write(LogLevel(level).name, message)
 
     @classmethod
     def log_info(cls, message: str) -> None:

@@ -34,10 +34,6 @@ def _work_response(result) -> WorkResponse:
         status = err.status_name() if isinstance(err, pb_utils.TritonError) else "INTERNAL"
         message = err.message() if isinstance(err, pb_utils.TritonError) else str(err)
         return WorkResponse(error=message, error_status=status)
-    for t in result._outputs:
-        if not isinstance(t, pb_utils.Tensor):
-            return WorkResponse(error=f"an InferenceResponse's output tensors must be pb_utils.Tensor objects, "
-                                      f"not {type(t).__name__}")
     return WorkResponse([WorkTensor(t._name, t._datatype, t._array if t._device is None else t._host())
                          for t in result._outputs], parameters=result._parameters)
 
