@@ -45,11 +45,12 @@ def test_crash_fails_in_flight_request_and_the_instance_comes_back(start_server,
         error = orjson.loads(raw)["error"]
         assert "model 'crash' instance 'crash_0'" in error
         assert f"(pid {first_pid}) was killed by SIGKILL while running this request" in error
-        # the model stays READY while its instance restarts; the next request waits for it
-        assert server.get("/v2/models/crash/ready")[0] == 200
+        # the next request waits for the instance to restart (until then the model is not ready, as
+        # in Triton: test_model_readiness), and then the model is ready again
         status, _, raw = server.post("/v2/models/crash/infer", _x(7))
         assert status == 200, raw
         assert orjson.loads(raw)["outputs"][0]["data"] == [7.0]
+        assert server.get("/v2/models/crash/ready")[0] == 200
     finally:
         stop.set()
         thread.join()

@@ -54,20 +54,37 @@ class Dataplane:
     def live(self) -> bool:
         return self.accepting
 
-    def ready(self) -> bool:
+    async def ready(self) -> bool:
+        """Whether the server is ready: started, not stopping, and with --strict-readiness every
+        model version loaded and able to serve now (see model_ready), as Triton's strict readiness."""
         if not (self.accepting and self.loaded):
             return False
-        return self.models.all_ready() if self.strict_readiness else True
+        if not self.strict_readiness:
+            return True
+        if not self.models.all_ready():
+            return False
+        for mv in self.models.ready_versions():
+            reason = await mv.pool.readiness()
+            if reason:
+                log.debug("Model '%s' version %d is in READY lifecycle state but failed runtime readiness check "
+                          "during server readiness evaluation: %s", mv.name, mv.version, reason)
+                return False
+        return True
 
-    def model_ready(self, name: str, version: str) -> bool:
-        """Whether the model (version) is ready; a version string that is no version is an error, as
-        in Triton, not a no."""
+    async def model_ready(self, name: str, version: str) -> bool:
+        """Whether the model (version) is loaded and can serve now: each of its instances has its
+        worker running, and a python model's own is_ready() says yes. A version string that is no
+        version is an error, as in Triton, not a no."""
         parse_version(version)
         try:
-            self.models.get(name, version)
-            return True
+            mv = self.models.get(name, version)
         except ServerError:
             return False
+        reason = await mv.pool.readiness()
+        if reason:  # Triton's words at its verbose level 1, which its qa greps the log for
+            log.debug("Model '%s' version %d is not ready: %s", mv.name, mv.version, reason)
+            return False
+        return True
 
     def model_metadata(self, name: str, version: str) -> dict:
         mv = self.models.get(name, version)
@@ -148,7 +165,7 @@ class Dataplane:
         rules as the repository API (loading and unloading need explicit model control)."""
         if op == "is_model_ready":
             try:
-                return self.models.get(name, version).state == "READY"
+                return await self.model_ready(name, version)
             except ServerError:
                 return False
         if op == "load_model":

@@ -36,6 +36,7 @@ class ServerError(Exception):
         self.message = message
         self.status = status
         self.from_model = from_model  # the model (or its worker) said it, not a check before it ran
+        self.final = False  # in a stream of responses: the last one (a decoupled model's error sent as final)
 
     def __reduce__(self):  # pickled whole (a helper process's decoding errors), not just its message
         return (ServerError, (self.message, self.status, self.from_model))

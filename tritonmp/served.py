@@ -62,6 +62,11 @@ class ServedPool(Protocol):
         """Requests in batches sent ahead to a busy instance, waiting there to run."""
         ...
 
+    async def readiness(self) -> str:
+        """Why the version, loaded, cannot serve now (a worker restarting, the model's own readiness
+        check saying no), or "" when it can."""
+        ...
+
 
 class ServedScheduler(Protocol):
     """Where a version's requests go."""

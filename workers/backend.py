@@ -58,6 +58,7 @@ class Backend(ABC):
     writes_device_outputs = False  # it copies outputs into the client's CUDA regions itself
     writes_arena_outputs = False  # it writes outputs of known shapes into the batch's output arena
     uses_senders = False  # its requests carry response senders and cancellation flags (python models)
+    checks_readiness = False  # it has a readiness check of its own (is_ready), asked while it may be executing
     detail = ""  # a line for the server's log when it is ready: providers, threads, device
 
     @abstractmethod
@@ -67,6 +68,12 @@ class Backend(ABC):
     @abstractmethod
     def execute(self, requests: list[WorkRequest]) -> list[WorkResponse]:
         """One answer per request, in order."""
+
+    def is_ready(self) -> bool:
+        """The model's own readiness check, where `checks_readiness`: called from a thread of its own,
+        while a batch may be executing. Raises BackendError (or whatever the model raises) when it
+        cannot say."""
+        return True
 
     def finalize(self) -> None:  # noqa: B027 - most backends hold nothing the process's exit does not free
         """Release what the model holds; the worker exits after."""

@@ -1,8 +1,10 @@
 """The worker's reader of its socket.
 
-Batches and STOP go to the main loop; the answers to a model's own requests (BLS, model control) go
-to the thread that waits for them, however many wait at once; a client's cancellation reaches the
-request it names, which the model sees through `is_cancelled()`.
+Batches and STOP go to the main loop; readiness checks to the thread that answers them (a model
+with is_ready() has one, which reads the socket while the main loop executes); the answers to a
+model's own requests (BLS, model control) go to the thread that waits for them, however many wait
+at once; a client's cancellation reaches the request it names, which the model sees through
+`is_cancelled()`.
 
 No thread of its own reads the socket: whoever waits for something reads it (leader and
 followers). A thread that waits for a batch or an answer and finds nobody reading becomes the
@@ -55,6 +57,7 @@ class Inbox:
         self.sock = sock
         self.reader = transport.MessageReader(sock)
         self.main: queue.SimpleQueue = queue.SimpleQueue()  # (kind, header, frames), None when the frontend has gone
+        self.checks: queue.SimpleQueue = queue.SimpleQueue()  # readiness checks, None when the frontend has gone
         self.lock = threading.Lock()
         self.calls: dict[int, queue.SimpleQueue] = {}  # call number -> its answers (BlsResult, frames)
         self.cancel_flags: dict[tuple[int, int], CancelFlag] = {}  # (batch id, index) -> set on CANCEL
@@ -103,6 +106,8 @@ class Inbox:
                     self.early_cancels.add(key)  # its batch was sent ahead and waits behind this one
             if flag is not None:
                 flag.set()
+        elif kind == transport.READINESS:
+            self.checks.put(message)
         else:
             self.main.put(message)
 
@@ -115,6 +120,7 @@ class Inbox:
             for answers in self.calls.values():
                 answers.put(None)
         self.main.put(None)
+        self.checks.put(None)
 
     def _let_go(self) -> None:
         """Stop reading and wake every waiter: one of them becomes the next reader."""
@@ -174,6 +180,11 @@ class Inbox:
     def next(self):
         """The next batch or STOP, as (kind, header, frames); None when the frontend has gone."""
         return self._take(self.main)
+
+    def next_check(self):
+        """The next readiness check, as (kind, header, frames); None when the frontend has gone. The
+        thread that waits here reads the socket while the main loop executes a batch."""
+        return self._take(self.checks)
 
     # -- a model's own requests ------------------------------------------------------------
     def open_call(self) -> tuple[int, queue.SimpleQueue]:

@@ -251,9 +251,29 @@ class Worker:
             self.send(transport.LOAD_FAILED, transport.LoadFailed(os.getpid(), f"{e}\n{detail}"))
             return False
         _settle_collector()
+        checks = self.backend.checks_readiness
         self.send(transport.READY, transport.Ready(transport.PROTOCOL_VERSION, os.getpid(), inputs, outputs,
-                                                   detail))
+                                                   detail, checks))
+        if checks:
+            threading.Thread(target=self._answer_readiness, name="readiness", daemon=True).start()
         return True
+
+    def _answer_readiness(self) -> None:
+        """Answer the frontend's readiness checks with the model's own, while batches execute. Waiting
+        for the next check, this thread reads the socket whenever the main loop does not."""
+        assert self.backend is not None, "started once the backend has loaded"
+        while (message := self.inbox.next_check()) is not None:
+            check = transport.decode(transport.ReadinessCheck, message[1])
+            try:
+                answer = transport.ReadinessResult(check.number, ready=self.backend.is_ready())
+            except BackendError as e:
+                answer = transport.ReadinessResult(check.number, error=str(e))
+            except Exception as e:  # the model's own failure: not ready, and why
+                answer = transport.ReadinessResult(check.number, error=f"{type(e).__name__}: {e}")
+            try:
+                self.send(transport.READINESS_RESULT, answer)
+            except OSError:
+                return  # the frontend has gone
 
     def decode_tensor(self, ref: transport.TensorRef, frames) -> WorkTensor:
         buf: bytes | bytearray | memoryview

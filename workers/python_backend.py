@@ -79,6 +79,7 @@ class PythonBackend(Backend):
         self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
         self.iterative = bool(config.get("sequence_batching", {}).get("iterative_sequence", False))
         self.model = module.TritonPythonModel()
+        self.checks_readiness = hasattr(self.model, "is_ready")  # asked for the model's readiness, as Triton does
         args = {
             "model_config": json.dumps(config),
             "model_instance_kind": spec.kind,
@@ -212,6 +213,16 @@ class PythonBackend(Backend):
                 problem = sender._claim()
                 answers.append(WorkResponse(deferred=True) if problem else _work_response(result))
         return answers
+
+    def is_ready(self) -> bool:
+        """The model's is_ready(): a plain function, or a coroutine run on the model's event loop; a
+        bool or it cannot say, as Triton's python backend requires."""
+        result = self.model.is_ready()
+        if inspect.iscoroutine(result):
+            result = asyncio.run_coroutine_threadsafe(result, self._loop()).result()
+        if not isinstance(result, bool):
+            raise BackendError("is_ready() must return a boolean value")
+        return result
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         """The event loop of `async def execute`, running in a thread of its own, so that tasks the

@@ -70,10 +70,10 @@ class InferenceService:
         return pb.ServerLiveResponse(live=self.dp.live())
 
     async def ServerReady(self, request):
-        return pb.ServerReadyResponse(ready=self.dp.ready())
+        return pb.ServerReadyResponse(ready=await self.dp.ready())
 
     async def ModelReady(self, request):
-        return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version))
+        return pb.ModelReadyResponse(ready=await self.dp.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request):
         return pb.ServerMetadataResponse(name=self.dp.server_id, version=__version__, extensions=self.extensions)

@@ -208,7 +208,7 @@ class HttpApp:
         await _send(send, 200 if self.dp.live() else 400, b"", _TEXT)
 
     async def ready(self, receive, send) -> None:
-        await _send(send, 200 if self.dp.ready() else 400, b"", _TEXT)
+        await _send(send, 200 if await self.dp.ready() else 400, b"", _TEXT)
 
     async def server_metadata(self, receive, send) -> None:
         doc = {"name": self.dp.server_id, "version": __version__, "extensions": EXTENSIONS}
@@ -218,7 +218,7 @@ class HttpApp:
         await _send(send, 200, orjson.dumps(self.dp.model_metadata(model, version or "")))
 
     async def model_ready(self, receive, send, model: str, version: str | None) -> None:
-        if self.dp.model_ready(model, version or ""):
+        if await self.dp.model_ready(model, version or ""):
             await _send(send, 200, b"", _TEXT)
         else:
             await _send(send, 400, _error_body("Model version not ready"), _TEXT)

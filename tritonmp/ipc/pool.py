@@ -13,7 +13,6 @@ an output arena of its own (`OutputArenas`).
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 import os
@@ -49,6 +48,7 @@ RESTART_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
 STABLE_SECS = 30.0
 CRASH_LOOP_DEATHS = 5  # this many deaths (or failed restarts) within CRASH_LOOP_SECS: give up
 CRASH_LOOP_SECS = 60.0
+READINESS_TIMEOUT_S = 5.0  # how long a model's own readiness check may take, as in Triton's python backend
 
 
 @dataclass(slots=True)
@@ -123,7 +123,11 @@ class Instance:
         # senders), by (batch id, index in the batch), until their final response
         self.streams: dict[int, InferRequest] = {}  # by stream_key(batch id, index)
         self._deadline: asyncio.TimerHandle | None = None  # the progress watchdog of the batch in flight
-        self.calls: dict[int, asyncio.Task] = {}  # the worker's decoupled BLS calls in progress, by number
+        # the worker's decoupled BLS calls in progress, by number: the request each made
+        self.calls: dict[int, InferRequest] = {}
+        self.checks_readiness = False  # the model has a readiness check of its own (Ready.checks_readiness)
+        self._check: asyncio.Future[str] | None = None  # the readiness check in flight: why not ready, or ""
+        self._checks = 0  # the number of the last readiness check asked
         self._watch: asyncio.Task | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -238,6 +242,8 @@ class Instance:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
+        if self._check is not None and not self._check.done():
+            self._check.set_result("Stub process is not healthy while waiting for user-defined is_ready() response")
         if self.ready is not None and not self.ready.done():
             # Triton's words for a model process that died while it loaded (its qa greps for them)
             self.ready.set_exception(LoadError(f"Stub process '{self.spec.name}' is not healthy. Its worker process "
@@ -342,6 +348,41 @@ class Instance:
             await asyncio.gather(self._watch, return_exceptions=True)
         self._release()
 
+    # -- readiness -------------------------------------------------------------------------
+    async def readiness(self) -> str:
+        """Why this instance is not ready, or "" when it is, as Triton's python backend says it: its
+        worker must be running, and a model with a readiness check of its own (is_ready) must answer
+        yes within READINESS_TIMEOUT_S. One check at a time: a caller that finds one in flight
+        shares its answer. A check that takes too long goes on, and the next caller waits for it."""
+        if not self.alive:
+            if self.pool.backend == "python":  # Triton's words, which its qa greps the log for
+                return f"Stub process '{self.spec.name}' is not healthy."
+            return f"instance '{self.spec.name}' has no running worker process ({self.last_exit or 'starting'})"
+        if not self.checks_readiness:
+            return ""
+        check = self._check
+        if check is not None and not check.done():
+            too_long = "Timed out waiting for in-flight is_ready() response"
+        else:
+            self._checks += 1
+            check = self._check = asyncio.get_running_loop().create_future()
+            self.channel.send(transport.READINESS, transport.encode(transport.ReadinessCheck(self._checks)), [])
+            too_long = "Timed out waiting for user-defined is_ready() response"
+        try:
+            return await asyncio.wait_for(asyncio.shield(check), READINESS_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return too_long
+
+    def _on_readiness(self, answer: transport.ReadinessResult) -> None:
+        check = self._check
+        if check is None or check.done() or answer.number != self._checks:
+            return
+        if answer.error:
+            check.set_result(answer.error)
+        else:
+            check.set_result("" if answer.ready else f"Model '{self.spec.name}' is not ready (user-defined check "
+                                                     "failed).")
+
     # -- messages from the worker ----------------------------------------------------------
     def on_message(self, kind: bytes, header: memoryview, frames: list[memoryview]) -> None:
         if kind == transport.RESULT:
@@ -364,21 +405,23 @@ class Instance:
                 self._metric_call(request)
                 return
             # the frames are views of this message's own buffer, which nothing else reuses
-            task = asyncio.get_running_loop().create_task(self._bls(request, frames))
-            if request.decoupled:
-                self.calls[request.call] = task
-                task.add_done_callback(functools.partial(self._call_done, request.call))
+            asyncio.get_running_loop().create_task(self._bls(request, frames))
         elif kind == transport.BLS_CANCEL:
-            running = self.calls.get(transport.decode(transport.BlsCancel, header).call)
-            if running is not None:
-                running.cancel()
+            # the model cancelled its decoupled call: the called model hears of it (is_cancelled()),
+            # and its responses still come until its final one, as it decides
+            called = self.calls.get(transport.decode(transport.BlsCancel, header).call)
+            if called is not None and not called.future.done():
+                called.future.cancel()
         elif kind == transport.READY:
             ready = transport.decode(transport.Ready, header)
             if ready.protocol != transport.PROTOCOL_VERSION:
                 self.ready.set_exception(LoadError(f"worker speaks protocol {ready.protocol}, "
                                                    f"expected {transport.PROTOCOL_VERSION}"))
             elif not self.ready.done():
+                self.checks_readiness = ready.checks_readiness
                 self.ready.set_result(ready)
+        elif kind == transport.READINESS_RESULT:
+            self._on_readiness(transport.decode(transport.ReadinessResult, header))
         elif kind == transport.LOAD_FAILED:
             failed = transport.decode(transport.LoadFailed, header)
             if not self.ready.done():
@@ -398,8 +441,10 @@ class Instance:
                                                       str(pool.version)), pool.stats)
             return
         if msg.error:
-            request.stream.put_nowait(ServerError(msg.error, Status[msg.error_status]
-                                                  if msg.error_status in Status.__members__ else Status.INTERNAL))
+            error = ServerError(msg.error, Status[msg.error_status] if msg.error_status in Status.__members__
+                                else Status.INTERNAL)
+            error.final = msg.final
+            request.stream.put_nowait(error)
         elif not msg.empty:
             outputs = [Tensor(r.name, r.datatype, r.shape, frames[r.frame]) for r in msg.outputs
                        if request.outputs is None or r.name in {o.name for o in request.outputs}]
@@ -412,9 +457,6 @@ class Instance:
             del self.streams[key]
             self._close_stream(request, None)
 
-    def _call_done(self, call: int, _task: asyncio.Task) -> None:
-        self.calls.pop(call, None)
-
     def _close_stream(self, request: InferRequest, error: ServerError | None) -> None:
         if request.stream is None:  # a request that waited for its response sender's one response
             assert error is not None, "a request ends without a response only where it streams"
@@ -424,6 +466,7 @@ class Instance:
         self.pool.stats.finished(ok, request.batch_size, time.monotonic_ns() - request.arrival_ns,
                                  queue_ns=request.queue_ns)
         if error is not None:
+            error.final = True
             request.stream.put_nowait(error)
         request.stream.put_nowait(None)
         if not request.future.done():
@@ -470,13 +513,17 @@ class Instance:
             outputs = [RequestedOutput(name) for name in msg.outputs] or None
             request = InferRequest(msg.model_name, msg.model_version, msg.id, inputs, outputs, msg.parameters)
             if msg.decoupled:
-                await self._bls_stream(request, answer)
+                self.calls[msg.call] = request
+                try:
+                    await self._bls_stream(request, answer)
+                finally:
+                    del self.calls[msg.call]
                 return
             response = await self.pool.bls(request)
             answer(*_bls_result(response))
         except ServerError as e:
             answer(transport.BlsResult(error=e.message, error_status=e.status.name), [])
-        except asyncio.CancelledError:  # the model cancelled its decoupled call: end the iterator
+        except asyncio.CancelledError:  # the model cancelled its call before the called model had it
             answer(transport.BlsResult(error="Request for the model was cancelled", error_status="CANCELLED"), [])
         except Exception as e:  # a bug of ours must still answer, or the model would wait forever
             log.exception("BLS request from '%s' failed", self.spec.name)
@@ -488,7 +535,8 @@ class Instance:
         assert self.pool.bls_stream is not None, "the model manager lends every pool the dataplane's infer_stream"
         async for item in self.pool.bls_stream(request):
             if isinstance(item, ServerError):
-                answer(transport.BlsResult(error=item.message, error_status=item.status.name, final=False), [])
+                final = item.final
+                answer(transport.BlsResult(error=item.message, error_status=item.status.name, final=final), [])
                 continue
             reply, reply_frames = _bls_result(item)
             reply.final, reply.empty = item.final, item.empty
@@ -776,6 +824,14 @@ class InstancePool:
 
     def any_alive(self) -> bool:
         return any(i.alive for i in self.instances)
+
+    async def readiness(self) -> str:
+        """Why the version is not ready to serve, or "" when it is: each instance must be (Triton's
+        rule), and the first reason found, in the instances' order, is the answer."""
+        if len(self.instances) == 1:
+            return await self.instances[0].readiness()
+        reasons = await asyncio.gather(*(i.readiness() for i in self.instances))
+        return next((r for r in reasons if r), "")
 
     async def stop(self, deadline: float) -> None:
         await asyncio.gather(*(i.stop(deadline) for i in self.instances), return_exceptions=True)

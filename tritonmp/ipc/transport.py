@@ -17,7 +17,7 @@ import msgspec
 
 from . import buffers
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 
 # message types
 READY = b"R"  # worker -> frontend: loaded, with backend metadata
@@ -32,6 +32,8 @@ BLS_CANCEL = b"C"  # worker -> frontend: the model cancelled its decoupled BLS r
 CANCEL = b"c"  # frontend -> worker: a request's client has gone (header: Cancel)
 METRIC = b"M"  # worker -> frontend: a custom metric's update or deletion, unanswered (header: MetricUpdate)
 LOG = b"L"  # worker -> frontend: a line of pb_utils.Logger, for the server's log as it is set now (header: Log)
+READINESS = b"Q"  # frontend -> worker: ask the model's own readiness check (header: ReadinessCheck)
+READINESS_RESULT = b"q"  # worker -> frontend: its answer (header: ReadinessResult)
 
 
 class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -112,6 +114,16 @@ class BlsCancel(msgspec.Struct, array_like=True):
     call: int
 
 
+class ReadinessCheck(msgspec.Struct, array_like=True):
+    number: int  # the frontend's number for this check; its answer carries it
+
+
+class ReadinessResult(msgspec.Struct, array_like=True, omit_defaults=True):
+    number: int
+    ready: bool = False
+    error: str = ""  # the check could not say: it raised, or answered something other than a bool
+
+
 class Log(msgspec.Struct, array_like=True):
     level: str  # INFO, WARNING, ERROR or VERBOSE
     message: str
@@ -152,6 +164,7 @@ class Ready(msgspec.Struct):
     inputs: list[TensorSpec] = []
     outputs: list[TensorSpec] = []
     detail: str = ""  # what the backend wants logged, e.g. its execution providers
+    checks_readiness: bool = False  # the model has a readiness check of its own (READINESS answers it)
 
 
 class LoadFailed(msgspec.Struct):
@@ -184,7 +197,7 @@ encode = _encoder.encode
 _decoders = {
     cls: msgspec.msgpack.Decoder(cls)
     for cls in (Execute, Result, Ready, LoadFailed, BlsRequest, BlsResult, StreamResponse, BlsCancel, Cancel,
-                MetricUpdate, Log)
+                MetricUpdate, Log, ReadinessCheck, ReadinessResult)
 }
 
 

@@ -520,6 +520,10 @@ class ModelManager:
         return all(not e.problem and all(v.state == "READY" for v in e.versions.values())
                    for e in self.models.values() if e.versions or e.problem)
 
+    def ready_versions(self) -> list[ServedVersion]:
+        """Every model version in the READY state."""
+        return [v for e in self.models.values() for v in e.versions.values() if v.state == "READY"]
+
     def failures(self) -> list[str]:
         out = []
         for e in self.models.values():

@@ -46,6 +46,10 @@ class EnsembleSteps:
         """An ensemble's requests never wait behind a running batch: none is ever sent ahead."""
         return 0
 
+    async def readiness(self) -> str:
+        """An ensemble loaded is ready, as in Triton: its steps' models answer for themselves."""
+        return ""
+
 
 class EnsembleScheduler:
     def __init__(self, ensemble: EnsembleVersion):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..core import InferRequest
-from ..errors import invalid, unavailable
+from ..errors import ServerError, Status, invalid, unavailable
 from ..ipc.pool import InstancePool
 from ..logs import get_logger
 from .precise_timer import PreciseTimer
@@ -82,6 +82,21 @@ class BatchPolicy:
             return 1
         count, _, final = self._scan(queue)
         return count if final else 0
+
+
+def end_unserved(request: InferRequest, error: Exception) -> None:
+    """End a request that leaves the queue without running: its caller gets `error`, from the
+    request's future, or where it reads the request's stream of responses (decoupled models), as
+    the stream's last item."""
+    if request.stream is not None:
+        if isinstance(error, ServerError):
+            error.final = True
+        request.stream.put_nowait(error)
+        request.stream.put_nowait(None)
+        if not request.future.done():
+            request.future.set_result(None)
+    elif not request.future.done():
+        request.future.set_exception(error)
 
 
 @dataclass(frozen=True)
@@ -294,8 +309,7 @@ class Scheduler:
                 else:
                     self._removed(request)
                     self.pool.stats.finished(False, request.batch_size, now - request.arrival_ns, reason="REJECTED")
-                    if not request.future.done():
-                        request.future.set_exception(unavailable("Request timeout expired"))
+                    end_unserved(request, unavailable("Request timeout expired"))
                 continue
             if request.deadline_ns and not request.delayed:
                 next_deadline = min(next_deadline or request.deadline_ns, request.deadline_ns)
@@ -337,7 +351,10 @@ class Scheduler:
         """Drop the requests at the head of the queue whose client has gone away (cancelled futures)."""
         queue = self.queue
         while queue and queue[0].future.done():
-            self._removed(queue.popleft())
+            request = queue.popleft()
+            self._removed(request)
+            if request.stream is not None:  # its caller may still read the stream (a model's own call)
+                end_unserved(request, ServerError("Request for the model was cancelled", Status.CANCELLED))
 
     def _send_ahead(self) -> None:
         """Every instance is busy: give each that can take one the next batch, where no request to
@@ -419,5 +436,4 @@ class Scheduler:
         while self.queue:
             request = self.queue.popleft()
             self._removed(request)
-            if not request.future.done():
-                request.future.set_exception(error)
+            end_unserved(request, error)

@@ -21,7 +21,7 @@ from ..core import InferRequest, Tensor
 from ..errors import invalid
 from ..ipc.pool import Instance, InstancePool
 from ..logs import get_logger
-from .scheduler import DrainWaiters
+from .scheduler import DrainWaiters, end_unserved
 
 log = get_logger("sequence")
 Kind = mc.ModelSequenceBatching.Control
@@ -185,6 +185,4 @@ class SequenceScheduler:
     def fail_all(self, error: Exception) -> None:
         for seq in list(self.sequences.values()):
             while seq.pending:
-                request = seq.pending.popleft()
-                if not request.future.done():
-                    request.future.set_exception(error)
+                end_unserved(seq.pending.popleft(), error)

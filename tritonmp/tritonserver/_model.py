@@ -78,7 +78,7 @@ class Model:
         return self._ask(self._server._engine.dataplane.model_metadata, self.name, self._version())
 
     def ready(self) -> bool:
-        return self._ask(self._server._engine.dataplane.model_ready, self.name, self._version())
+        return self._server._await(self._server._engine.dataplane.model_ready, self.name, self._version())
 
     def config(self, config_version: int = 1) -> dict[str, Any]:
         if config_version != 1:

@@ -47,7 +47,7 @@ class _Responses:
             self.sent_final = True
             return InferenceResponse(self.model, self.request_id, final=True)
         if isinstance(item, ServerError):
-            final = getattr(item, "final", False)  # a request that failed as a whole
+            final = item.final  # the last response (a request that failed as a whole)
             self.sent_final = self.sent_final or final
             return InferenceResponse(self.model, self.request_id, error=from_server_error(item), final=final)
         final = bool(item.final)

@@ -236,7 +236,7 @@ class Server:
         return self._call(self._engine.dataplane.live) if self._engine is not None else self._not_started()
 
     def ready(self) -> bool:
-        return self._call(self._engine.dataplane.ready) if self._engine is not None else self._not_started()
+        return self._await(self._engine.dataplane.ready) if self._engine is not None else self._not_started()
 
     def _not_started(self):
         raise InvalidArgumentError("Server not started")

@@ -1,9 +1,10 @@
 """Decoupled BLS: calls a decoupled model with exec(decoupled=True) and returns what its response
 iterator gave: every I, the number of empty responses, the errors. MODE "exec" calls `ticker` with N;
 "async" makes two async_exec(decoupled=True) calls at once (N and N + 1) and returns both sets of I;
-"cancel" cancels the call after two responses (N = -2: ticker then waits to be cancelled) and reads
-the iterator to its end; "plain" calls the
-non-decoupled add_py with decoupled=True (one response, final)."""
+"cancel" cancels the call after two responses and reads the iterator to its end, then cancels again
+(the call is over: nothing happens), with N = -2 ticker waits to be cancelled and ends with its own
+CANCELLED error, with N >= 2 it ignores the cancellation and sends its N responses and the final flag;
+"plain" calls the non-decoupled add_py with decoupled=True (one response, final)."""
 
 import asyncio
 
@@ -31,6 +32,8 @@ def _read(responses, seen, cancel_after=None):
             seen["i"].extend(int(v) for v in tensor.as_numpy().flatten())
         if cancel_after is not None and len(seen["i"]) == cancel_after:
             responses.cancel()
+    if cancel_after is not None:
+        responses.cancel()  # after the last response: nothing to cancel, and no error
 
 
 class TritonPythonModel:
