@@ -79,9 +79,13 @@ def test_crash_looping_model_goes_unavailable_with_the_reason(start_server, tmp_
     write_model(tmp_path / "repo", "suicidal", SUICIDAL, X_TO_Y_CONFIG)
     server = start_server([tmp_path / "repo"], "--exit-on-error=false")
     client = httpclient.InferenceServerClient(server.url)
-    server.wait_until(lambda: not client.is_model_ready("suicidal"), timeout=60, what="the model to give up")
-    row = orjson.loads(server.post("/v2/repository/index", b"{}")[2])[0]
-    assert row["state"] == "UNAVAILABLE"
+
+    def index_row() -> dict:
+        return orjson.loads(server.post("/v2/repository/index", b"{}")[2])[0]
+
+    server.wait_until(lambda: index_row()["state"] == "UNAVAILABLE", timeout=60, what="the model to give up")
+    assert not client.is_model_ready("suicidal")
+    row = index_row()
     assert "died or failed to start 5 times" in row["reason"] and "killed by SIGKILL" in row["reason"]
     assert scrape_metrics(server)['tritonmp_worker_restarts_total{model="suicidal",version="1"}'] == 4
     status, _, raw = server.post("/v2/models/suicidal/infer", orjson.dumps(
