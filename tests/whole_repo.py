@@ -3,8 +3,8 @@ walked with all of them loaded (tests/test_whole_server.py). A new kind of model
 with a probe: a request it answers and what the answer must be.
 
 Kinds: ONNX, python, BLS, decoupled, sequence, ensemble, classification, each CPU framework
-(OpenVINO, TensorFlow, PyTorch), a model without inputs, a model that fails to load and one that
-crash-loops once asked to."""
+(OpenVINO, TensorFlow, PyTorch), a model without inputs (with a readiness check of its own), a model
+that fails to load and one that crash-loops once asked to."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ ensemble_scheduling {
 }
 '''
 
-# no inputs at all: what a generator or a health-check model looks like
+# no inputs at all: what a generator or a health-check model looks like, with its own is_ready()
 GENERATOR_PY = '''
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -61,6 +61,9 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def execute(self, requests):
         return [pb_utils.InferenceResponse([pb_utils.Tensor("TICKET", np.array([42], np.int64))]) for _ in requests]
+
+    async def is_ready(self):  # its own readiness check, asked by every model and strict server readiness check
+        return True
 '''
 
 BROKEN_PY = '''
