@@ -13,7 +13,6 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 # shadow the installed package for the workers (python -m puts the working directory first)
 COPY pyproject.toml constraints.txt README.md /tmp/src/
 COPY tritonmp /tmp/src/tritonmp
-COPY workers /tmp/src/workers
 # EXTRAS: optional frameworks, e.g. --build-arg EXTRAS=openvino,torch
 ARG EXTRAS=""
 RUN pip install -c /tmp/src/constraints.txt "/tmp/src${EXTRAS:+[$EXTRAS]}" && rm -rf /tmp/src \

@@ -43,8 +43,8 @@ example-repo: $(REPO)/add/1/model.onnx
 serve: example-repo
 	$(BIN)/tritonmp --model-repository $(REPO) --workers auto $(ARGS)
 
-# mypy over tritonmp/ and workers/, as pyproject.toml configures it: the contracts between the parts
-# (tritonmp/served.py, workers/backend.py) are checked before any test runs
+# mypy over tritonmp/, as pyproject.toml configures it: the contracts between the parts
+# (tritonmp/served.py, tritonmp/workers/backend.py) are checked before any test runs
 typecheck: install
 	$(BIN)/mypy
 
@@ -58,7 +58,7 @@ test-compat: example-repo
 	TRITONMP_ANCHORS=$(ANCHORS) $(BIN)/python -m pytest -q -m compat $(ARGS)
 
 lint: install
-	$(BIN)/ruff check tritonmp workers tests scripts
+	$(BIN)/ruff check tritonmp tests scripts
 
 bench: example-repo
 	bash scripts/bench_vs_triton.sh

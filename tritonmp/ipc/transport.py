@@ -189,7 +189,7 @@ class WorkerSpec(msgspec.Struct):
     out_arenas: list[str]  # the output arenas: a batch's outputs go to the one its Execute names
     arena_bytes: int
     log_verbose: int = 0
-    heap_retain_bytes: int = 0  # freed memory the worker keeps for reuse (workers/heap.py)
+    heap_retain_bytes: int = 0  # freed memory the worker keeps for reuse (tritonmp/workers/heap.py)
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -8,7 +8,7 @@ or a contiguous slice of one, sends the worker only where the bytes are; nothing
 
 The caller fills the array before the request and must not change it until the response has
 come, as with a client's shared-memory region. The memory goes when the last view of the array
-is gone (a worker keeps its last few mappings open for reuse; see workers/client_shm.py). Reuse an
+is gone (a worker keeps its last few mappings open for reuse; see tritonmp/workers/client_shm.py). Reuse an
 array across requests rather than making one per request: making and first touching shared
 memory costs more than copying into memory that is already mapped.
 """
