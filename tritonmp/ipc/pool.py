@@ -30,8 +30,8 @@ from ..errors import ServerError, Status
 from ..logs import get_logger
 from ..observability.custom_metrics import CustomMetrics
 from ..observability.stats import ModelStats
-from ..scheduling import batching
-from ..scheduling.busy_poll import BusyPoll
+from . import batching
+from .busy_poll import BusyPoll
 from ..served import Infer, InferStream, ModelCall
 from . import transport
 from .arena import Arena, segment_name

@@ -19,8 +19,8 @@ from ..errors import ServerError, internal, invalid, not_found, unavailable
 from ..ipc.pool import NO_BUSY_POLL, InstancePool, InstanceSpec, LoadError
 from ..logs import get_logger
 from ..observability.custom_metrics import CustomMetrics
-from ..scheduling.busy_poll import DEFAULT_US as DEFAULT_BUSY_POLL_US
-from ..scheduling.busy_poll import BusyPoll
+from ..ipc.busy_poll import DEFAULT_US as DEFAULT_BUSY_POLL_US
+from ..ipc.busy_poll import BusyPoll
 from ..scheduling.ensemble import EnsembleVersion
 from ..scheduling.scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
 from ..scheduling.sequence import SequenceScheduler

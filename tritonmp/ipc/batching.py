@@ -15,9 +15,9 @@ from collections.abc import Callable
 from .. import datatypes
 from ..core import InferRequest, InferResponse, Tensor
 from ..errors import ServerError, Status
-from ..ipc import buffers, transport
-from ..ipc.arena import Arena
-from ..ipc.shm_registry import ShmRef
+from . import buffers, transport
+from .arena import Arena
+from .shm_registry import ShmRef
 
 _len = struct.Struct("<I").unpack_from
 
