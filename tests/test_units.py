@@ -19,9 +19,8 @@ from tritonmp import datatypes
 from tritonmp.core import InferRequest, InferResponse, RequestedOutput, Tensor
 from tritonmp.errors import ServerError
 from tritonmp.frontends import grpc_codec, http2, http_codec, http_protocol
-from tritonmp.ipc import transport
+from tritonmp.ipc import batching, transport
 from tritonmp.ipc.arena import Arena, segment_name
-from tritonmp.ipc import batching
 from tritonmp.ipc.busy_poll import BusyPoll
 from tritonmp.scheduling.scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
 from tritonmp.workers import cuda_shm

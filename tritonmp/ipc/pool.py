@@ -30,11 +30,10 @@ from ..errors import ServerError, Status
 from ..logs import get_logger
 from ..observability.custom_metrics import CustomMetrics
 from ..observability.stats import ModelStats
-from . import batching
-from .busy_poll import BusyPoll
 from ..served import Infer, InferStream, ModelCall
-from . import transport
+from . import batching, transport
 from .arena import Arena, segment_name
+from .busy_poll import BusyPoll
 from .channel import Channel
 from .output_arenas import OutputArenas
 

@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import datatypes
 from . import model_io, onnx_graph, warmup
+from .problems import ConfigProblem
 
 ModelConfig = mc.ModelConfig
 
@@ -75,19 +76,6 @@ def framework_missing(backend: str) -> str:
         pass
     return (f"the {backend} backend needs the '{module}' package, which is not installed; "
             f"install it with: pip install 'tritonmp[{extra}]'")
-
-
-@dataclass
-class ConfigProblem(Exception):
-    """One thing wrong with a model's configuration."""
-
-    path: str
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.path}: {self.field}: " if self.field else f"{self.path}: "
-        return where + self.message
 
 
 @dataclass

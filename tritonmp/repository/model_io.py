@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from .problems import ConfigProblem
+
 DEFAULT_MAX_BATCH_SIZE = 4  # Triton's default-max-batch-size, which its auto-complete picks
 # how messages name a model, by platform or else backend
 MODEL_KINDS = {"onnxruntime": "ONNX model", "openvino": "OpenVINO model", "tensorrt": "TensorRT engine",
@@ -84,8 +86,6 @@ def check(config: mc.ModelConfig, graph, path: str, what: str = "ONNX model", al
     `reshapable`: the framework can make a fixed first dimension the batch dimension (OpenVINO);
     `input_dims_free`: the inputs take the config's dims whatever the model says (OpenVINO's
     RESHAPE_IO_LAYERS), so only their rank must agree."""
-    from .config import ConfigProblem
-
     problems = []
     batched = config.max_batch_size > 0
     for kind, declared, actual in (("input", config.input, graph[0]), ("output", config.output, graph[1])):

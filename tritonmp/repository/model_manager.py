@@ -16,19 +16,19 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..classification import read_labels
 from ..errors import ServerError, internal, invalid, not_found, unavailable
+from ..ipc.busy_poll import DEFAULT_US as DEFAULT_BUSY_POLL_US
+from ..ipc.busy_poll import BusyPoll
 from ..ipc.pool import NO_BUSY_POLL, InstancePool, InstanceSpec, LoadError
 from ..logs import get_logger
 from ..observability.custom_metrics import CustomMetrics
-from ..ipc.busy_poll import DEFAULT_US as DEFAULT_BUSY_POLL_US
-from ..ipc.busy_poll import BusyPoll
 from ..scheduling.ensemble import EnsembleVersion
 from ..scheduling.scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
 from ..scheduling.sequence import SequenceScheduler
 from ..served import Infer, InferStream, ModelCall, ServedVersion
 from ..validation import TensorConfig
 from . import config as cfg
-from .config import ConfigProblem
 from .gpu_support import gpu_capable, why_not
+from .problems import ConfigProblem
 from .warmup import warmup_requests
 
 log = get_logger("models")

@@ -10,6 +10,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import datatypes
 from ..core import InferRequest, Tensor
+from .problems import ConfigProblem
 
 
 def _data(name: str, datatype: str, dims: list[int], spec, model_dir: str, batch: int,
@@ -67,8 +68,6 @@ def warmup_requests(config: mc.ModelConfig, model_dir: str) -> list[tuple[str, i
 
 def check(config: mc.ModelConfig, model_dir: str, path: str) -> list:
     """Problems of the model_warmup entries, found before any worker starts."""
-    from .config import ConfigProblem
-
     problems = []
     declared = {t.name: t for t in config.input}
     for i, sample in enumerate(config.model_warmup):
