@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from . import testing
+
 
 def _physical_count() -> int:
     try:
@@ -23,14 +25,11 @@ def _physical_count() -> int:
         return 0
 
 
-FAKE_ENV = "TRITONMP_FAKE_GPUS"  # tests only: "0,1" pretends those GPUs exist
-
-
 def visible_gpus() -> list[int]:
     """Indexes of the GPUs this server may place instances on."""
-    fake = os.environ.get(FAKE_ENV)
+    fake = testing.fake_gpus()
     if fake is not None:
-        return [int(p) for p in fake.split(",") if p.strip().isdigit()]
+        return fake
     count = _physical_count()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:

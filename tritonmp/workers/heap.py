@@ -15,13 +15,14 @@ A C library without mallopt (musl) keeps its own behaviour; nothing here is requ
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 import time
 
+from tritonmp import testing
+
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
-IDLE_S = float(os.environ.get("TRITONMP_WORKER_IDLE_TRIM_S", "10"))  # tests shorten it
+IDLE_S = testing.worker_idle_trim_s(10.0)
 _INT_MAX = (1 << 31) - 1
 
 
