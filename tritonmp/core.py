@@ -6,9 +6,13 @@ in a third of a slotted dataclass's time."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+
+if TYPE_CHECKING:
+    from .errors import ServerError
 
 
 class Tensor(msgspec.Struct):
@@ -58,3 +62,10 @@ class InferResponse(msgspec.Struct):
     parameters: dict = msgspec.field(default_factory=dict)
     final: bool = True  # the last response to its request (a decoupled model's may not be)
     empty: bool = False  # only the final flag: a decoupled model closed its request with no more data
+
+
+# What the dataplane lends the models for their own requests: infer (BLS), infer_stream (decoupled
+# BLS), and model_call (a python model's is_model_ready, load and unload).
+Infer = Callable[[InferRequest], Awaitable[InferResponse]]
+InferStream = Callable[[InferRequest], AsyncIterator["InferResponse | ServerError"]]
+ModelCall = Callable[[str, str, str, dict], Awaitable[bool]]

@@ -46,9 +46,8 @@ class Dataplane:
     def serve_models(self) -> Dataplane:
         """Give the models' own requests (BLS, decoupled BLS, model control from a model) to this
         dataplane: the one wiring of the server's core, for the command and the in-process API."""
-        self.models.bls = self.infer
-        self.models.bls_stream = self.infer_stream
-        self.models.control = self.model_call
+        services = self.models.services
+        services.bls, services.bls_stream, services.control = self.infer, self.infer_stream, self.model_call
         return self
 
     def live(self) -> bool:

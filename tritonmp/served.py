@@ -11,25 +11,17 @@ isinstance check."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence, Sized
+from collections.abc import Sequence, Sized
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .core import InferRequest, InferResponse
-from .errors import ServerError
 from .observability.stats import ModelStats
 from .validation import TensorConfig
 
 if TYPE_CHECKING:
     from .ipc.pool import Instance
-
-
-# What the dataplane lends the models for their own requests: infer (BLS), infer_stream (decoupled
-# BLS), and model_call (a python model's is_model_ready, load and unload).
-Infer = Callable[[InferRequest], Awaitable[InferResponse]]
-InferStream = Callable[[InferRequest], AsyncIterator["InferResponse | ServerError"]]
-ModelCall = Callable[[str, str, str, dict], Awaitable[bool]]
 
 
 class ServedPool(Protocol):

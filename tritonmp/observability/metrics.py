@@ -266,7 +266,7 @@ def render(models, system: SystemSampler) -> bytes:
         out.sample("process_cpu_seconds_total", round(usage[0], 3))
         out.family("process_resident_memory_bytes", "gauge", "Resident memory size in bytes")
         out.sample("process_resident_memory_bytes", usage[1])
-    models.custom_metrics.render(out)  # python models' own (pb_utils.MetricFamily)
+    models.services.custom_metrics.render(out)  # python models' own (pb_utils.MetricFamily)
     return ("\n".join(out.lines) + "\n").encode()
 
 

@@ -18,13 +18,12 @@ from ..classification import read_labels
 from ..errors import ServerError, internal, invalid, not_found, unavailable
 from ..ipc.busy_poll import DEFAULT_US as DEFAULT_BUSY_POLL_US
 from ..ipc.busy_poll import BusyPoll
-from ..ipc.pool import NO_BUSY_POLL, InstancePool, InstanceSpec, LoadError
+from ..ipc.pool import NO_BUSY_POLL, InstancePool, InstanceSpec, LoadError, ModelServices, PoolSettings
 from ..logs import get_logger
-from ..observability.custom_metrics import CustomMetrics
 from ..scheduling.ensemble import EnsembleVersion
 from ..scheduling.scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
 from ..scheduling.sequence import SequenceScheduler
-from ..served import Infer, InferStream, ModelCall, ServedVersion
+from ..served import ServedVersion
 from ..validation import TensorConfig
 from . import config as cfg
 from .gpu_support import gpu_capable, why_not
@@ -81,7 +80,7 @@ class ServerOptions:
 
 class ModelVersion:
     def __init__(self, name: str, version: int, completed: cfg.Completed, specs: list[InstanceSpec],
-                 options: ServerOptions, poll: BusyPoll = NO_BUSY_POLL):
+                 options: ServerOptions, services: ModelServices, poll: BusyPoll = NO_BUSY_POLL):
         self.name = name
         self.version = version
         self.config = completed.config
@@ -96,27 +95,22 @@ class ModelVersion:
         self.outputs = {t.name: cfg.tensor_datatype(t) for t in c.output}
         self.config_json = cfg.to_json(c)
         self.labels = read_labels(completed.model_dir, c)
-        self.pool = InstancePool(name, version, completed.model_dir, completed.backend,
-                                 json.dumps(self.config_json), specs, self.outputs, options.arena_bytes,
-                                 options.log_verbose)
-        self.pool.warmup = warmup_requests(c, completed.model_dir)
-        self.pool.gpus = options.gpus
-        self.pool.decoupled = c.model_transaction_policy.decoupled
-        self.pool.load_timeout = options.load_timeout
-        self.pool.heap_retain_bytes = options.heap_retain_bytes
-        self.pool.execution_timeout = _execution_timeout(c, options.execution_timeout)
-        self.pool.busy_poll = poll
+        settings = PoolSettings(
+            arena_bytes=options.arena_bytes, log_verbose=options.log_verbose, gpus=options.gpus,
+            execution_timeout=_execution_timeout(c, options.execution_timeout), load_timeout=options.load_timeout,
+            heap_retain_bytes=options.heap_retain_bytes, busy_poll=poll,
+            decoupled=c.model_transaction_policy.decoupled, warmup=warmup_requests(c, completed.model_dir))
+        self.pool = InstancePool(name, version, completed.model_dir, completed.backend, json.dumps(self.config_json),
+                                 specs, self.outputs, settings, services, self._crash_looped)
         db = c.dynamic_batching if c.HasField("dynamic_batching") else None
         policy = BatchPolicy(c.max_batch_size, db is not None,
                              list(db.preferred_batch_size) if db else [],
                              (db.max_queue_delay_microseconds if db else 0) * 1000)
-        self.pool.on_unavailable = self._crash_looped
         self.scheduler: Scheduler | SequenceScheduler
         if c.HasField("sequence_batching") and c.sequence_batching.iterative_sequence:
             # each request is a sequence of its own, run again for as long as the model reschedules it;
             # requests run together up to max_batch_size, as their iterations come round
             self.scheduler = Scheduler(self.pool, BatchPolicy(c.max_batch_size, c.max_batch_size > 0, [], 0))
-            self.pool.reschedule = self.scheduler.reschedule
         elif c.HasField("sequence_batching"):
             self.scheduler = SequenceScheduler(self.pool, c)
         else:
@@ -266,10 +260,9 @@ class ModelManager:
         self.models: dict[str, ModelEntry] = {}
         self._retiring: set[asyncio.Task] = set()
         self.retiring: set[ServedVersion] = set()  # replaced or unloaded, finishing their requests
-        self.bls: Infer | None = None  # the dataplane's infer, for models' own requests (set by the server)
-        self.bls_stream: InferStream | None = None  # the dataplane's infer_stream, for decoupled ones
-        self.custom_metrics = CustomMetrics()  # python models' own metric families
-        self.control: ModelCall | None = None  # the dataplane's model_call, for is_model_ready and loads
+        # what the models' own calls reach (the dataplane's infer, infer_stream and model_call, lent by
+        # Dataplane.serve_models) and python models' own metric families: one for every model version
+        self.services = ModelServices()
         self._startup: dict[str, asyncio.Task] = {}  # loads under way at startup, by model name
 
     # -- the repositories ------------------------------------------------------------------
@@ -409,16 +402,10 @@ class ModelManager:
         new: dict[int, ServedVersion] = {}
         if completed.backend == "ensemble":
             for v in versions:
-                ensemble = new[v] = EnsembleVersion(name, v, completed)
-                ensemble.manager = self
-                ensemble.pool.bls = self.bls
+                new[v] = EnsembleVersion(name, v, completed, self, self.services)
         else:
             for v in versions:
-                mv = new[v] = ModelVersion(name, v, completed, specs, self.options, self.busy_poll)
-                mv.pool.bls = self.bls
-                mv.pool.bls_stream = self.bls_stream
-                mv.pool.custom_metrics = self.custom_metrics
-                mv.pool.control = self.control
+                new[v] = ModelVersion(name, v, completed, specs, self.options, self.services, self.busy_poll)
         await asyncio.gather(*(mv.load() for mv in new.values()))
         failed.update({mv.version: mv.reason for mv in new.values() if mv.state != "READY"})
         if failed:

@@ -14,10 +14,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..classification import read_labels
 from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..errors import ServerError, Status, unsupported
+from ..ipc.model_calls import ModelServices
 from ..logs import get_logger
 from ..observability.stats import ModelStats
 from ..repository import config as cfg
-from ..served import Infer
 from ..validation import TensorConfig
 from .scheduler import transfer_outcome
 
@@ -34,13 +34,13 @@ class EnsembleSteps:
     decoupled = False
     restart_count = 0
 
-    def __init__(self, name: str, version: int, steps):
+    def __init__(self, name: str, version: int, steps, services: ModelServices):
         self.model_name = name
         self.version = version
         self.steps = list(steps)
         self.stats = ModelStats(name, version)
         self.instances: list = []  # an ensemble has no worker of its own
-        self.bls: Infer | None = None  # the dataplane's infer, set by the model manager
+        self.services = services  # the dataplane's infer, for the steps
 
     def sent_ahead(self) -> int:
         """An ensemble's requests never wait behind a running batch: none is ever sent ahead."""
@@ -102,7 +102,8 @@ class EnsembleVersion:
 
     backend = "ensemble"
 
-    def __init__(self, name: str, version: int, completed: cfg.Completed):
+    def __init__(self, name: str, version: int, completed: cfg.Completed, manager: ModelManager,
+                 services: ModelServices):
         c = completed.config
         self.name = name
         self.version = version
@@ -116,9 +117,9 @@ class EnsembleVersion:
         self.outputs = {t.name: cfg.tensor_datatype(t) for t in c.output}
         self.config_json = cfg.to_json(c)
         self.labels = read_labels(completed.model_dir, c)  # classifying its outputs uses its own labels
-        self.pool = EnsembleSteps(name, version, c.ensemble_scheduling.step)
+        self.pool = EnsembleSteps(name, version, c.ensemble_scheduling.step, services)
         self.scheduler = EnsembleScheduler(self)
-        self.manager: ModelManager | None = None  # set by the model manager, to find and load composing models
+        self.manager = manager  # to find and load its composing models
 
     def composing(self) -> list[tuple[str, str]]:
         return [(s.model_name, str(s.model_version) if s.model_version > 0 else "") for s in self.pool.steps]
@@ -202,5 +203,6 @@ class EnsembleVersion:
         outputs = [RequestedOutput(name) for name in step.output_map]
         version = str(step.model_version) if step.model_version > 0 else ""
         sub = InferRequest(step.model_name, version, request.id, inputs, outputs, dict(request.parameters))
-        assert self.pool.bls is not None, "the model manager lends every ensemble the dataplane's infer"
-        return await self.pool.bls(sub)
+        infer = self.pool.services.bls
+        assert infer is not None, "the dataplane lends its infer before serving"
+        return await infer(sub)

@@ -190,8 +190,7 @@ class Scheduler:
         self._ahead_at = 0 if not plain else policy.max_batch_size if policy.dynamic else 1
         self._plain = plain  # one first-come-first-served queue: a request without parameters goes to its end
         self._ahead_pending = False  # an instance can take a batch ahead: look when the queue is long enough
-        pool.on_idle = self.pump
-        pool.on_down = self.fail_all
+        pool.attach(self.pump, self.fail_all, self.reschedule)
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         """The serving loop, looked up once: asyncio.get_running_loop() costs a getpid system call."""

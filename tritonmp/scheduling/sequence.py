@@ -67,8 +67,7 @@ class SequenceScheduler:
         self.backlog: deque[Sequence] = deque()  # started sequences waiting for an instance
         self._timer: asyncio.TimerHandle | None = None
         self._drain = DrainWaiters(self.busy)
-        pool.on_idle = self.pump
-        pool.on_down = self.fail_all
+        pool.attach(self.pump, self.fail_all)
 
     @property
     def queue(self) -> list[InferRequest]:

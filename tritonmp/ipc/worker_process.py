@@ -1,0 +1,311 @@
+"""One model instance's worker process, incarnation after incarnation: started by exec with its
+arenas and its end of a socketpair, watched, restarted with backoff when it dies (restarts.py
+decides when, and when it is given up), asked whether it is ready, and stopped.
+
+What runs on the worker is the subclass's (instance.Instance): it routes the worker's messages
+(`on_message`, handing READY, LOAD_FAILED and READINESS_RESULT back to `_on_control`), warms the
+model up (`_warmup`), and answers what a death has lost (`_gone`, `_lost`)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import ServerError, Status
+from ..logs import get_logger
+from . import transport
+from .arena import Arena, segment_name
+from .channel import Channel
+from .output_arenas import OutputArenas
+from .restarts import RestartPolicy, describe_exit
+
+if TYPE_CHECKING:
+    from .pool import InstancePool
+
+log = get_logger("pool")
+_uids = itertools.count(1)
+READINESS_TIMEOUT_S = 5.0  # how long a model's own readiness check may take, as in Triton's python backend
+
+
+@dataclass
+class InstanceSpec:
+    name: str  # Triton's instance name, e.g. add_0_0
+    kind: str  # "CPU" or "GPU"
+    device_id: int  # GPU index for KIND_GPU, 0 otherwise
+
+
+class LoadError(Exception):
+    pass
+
+
+class WorkerProcess:
+    """The process side of a model instance: a slot that a worker process fills."""
+
+    def __init__(self, pool: InstancePool, spec: InstanceSpec):
+        self.pool = pool
+        self.spec = spec
+        self.proc: asyncio.subprocess.Process | None = None
+        self.channel: Channel | None = None
+        self.in_arenas: list[Arena] = []  # two: the batch in flight's, and the one sent ahead's
+        self.outputs: OutputArenas | None = None
+        self.ready: asyncio.Future | None = None
+        self.alive = False
+        self.started_at = 0.0
+        self.restart_policy = RestartPolicy()
+        self.stopping = False
+        self.last_exit = ""
+        self.gave_up = False
+        self.kill_reason = ""  # why we killed the worker, when we did
+        self.checks_readiness = False  # the model has a readiness check of its own (Ready.checks_readiness)
+        self._check: asyncio.Future[str] | None = None  # the readiness check in flight: why not ready, or ""
+        self._checks = 0  # the number of the last readiness check asked
+        self._watch: asyncio.Task | None = None
+
+    # -- hooks of the subclass -------------------------------------------------------------
+    def on_message(self, kind: bytes, header: memoryview, frames: list[memoryview]) -> None:
+        raise NotImplementedError
+
+    async def _warmup(self) -> None:
+        """Run the model's warmup samples; LoadError fails the load."""
+
+    def _gone(self) -> None:
+        """The worker has exited (whether it was serving or still loading)."""
+
+    def _lost(self, reason: str, pid: int) -> None:
+        """The serving worker `pid` has died for `reason`: what it had must be answered."""
+
+    def _back(self) -> None:
+        """A restarted worker is ready for work."""
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def _prepare(self) -> tuple[socket.socket, socket.socket, dict[str, str]]:
+        """A new incarnation's arenas, its socketpair (ours, the worker's) and its environment."""
+        pool = self.pool
+        uid = next(_uids)
+        arena_bytes = pool.arena_bytes
+        self.in_arenas = [Arena(segment_name(os.getpid(), f"{uid}-in{k or ''}"), arena_bytes, create=True)
+                          for k in range(2)]
+        self.outputs = OutputArenas(
+            lambda k: Arena(segment_name(os.getpid(), f"{uid}-out{k or ''}"), arena_bytes, create=True))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        spec = transport.WorkerSpec(
+            fd=theirs.fileno(), parent_pid=os.getpid(),
+            model_name=pool.model_name, model_version=pool.version, model_dir=pool.model_dir,
+            backend=pool.backend, config_json=pool.config_json, instance_name=self.spec.name,
+            kind=self.spec.kind, device_id=self.spec.device_id, in_arenas=[a.name for a in self.in_arenas],
+            out_arenas=[a.name for a in self.outputs.all], arena_bytes=arena_bytes, log_verbose=pool.log_verbose,
+            heap_retain_bytes=pool.heap_retain_bytes)
+        env = dict(os.environ)
+        env[transport.SPEC_ENV] = transport.encode_spec(spec)
+        if self.spec.kind == "GPU":
+            env["CUDA_VISIBLE_DEVICES"] = str(self.spec.device_id)
+        elif self.spec.kind == "CPU":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        elif pool.gpus is not None:  # KIND_MODEL: every GPU the server may use
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in pool.gpus)
+        return ours, theirs, env
+
+    async def start(self) -> None:
+        """Start a worker and wait for READY. Raises LoadError with the worker's reason."""
+        pool = self.pool
+        ours, theirs, env = self._prepare()
+        loop = asyncio.get_running_loop()
+        self.ready = loop.create_future()
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "tritonmp.workers.main", env=env, stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),))
+        except OSError as e:
+            ours.close()
+            self._release()
+            raise LoadError(f"cannot start a worker process: {e}") from None
+        finally:
+            theirs.close()
+        _, self.channel = await loop.connect_accepted_socket(
+            lambda: Channel(self.on_message, self._on_channel_lost), ours)
+        self._watch = loop.create_task(self._watch_exit(self.proc))
+        try:
+            ready = await asyncio.wait_for(asyncio.shield(self.ready), pool.load_timeout or None)
+        except asyncio.TimeoutError:
+            self.ready.cancel()
+            self.kill_reason = "was killed while loading"
+            self.proc.kill()
+            self._release()
+            raise LoadError(f"instance '{self.spec.name}' did not finish loading within {pool.load_timeout:g}s "
+                            "(--model-load-timeout-secs)") from None
+        except LoadError:
+            self._release()
+            raise
+        # Both sides have mapped the arenas: drop their names so that nothing can be left behind.
+        for arena in self.in_arenas:
+            arena.unlink()
+        self.outputs.unlink()
+        try:
+            await self._warmup()
+        except LoadError:
+            self._release()
+            raise
+        self.alive = True
+        self.started_at = time.monotonic()
+        log.info("worker %s of model '%s' version %d is ready (pid %d)%s", self.spec.name,
+                 pool.model_name, pool.version, self.proc.pid, f"; {ready.detail}" if ready.detail else "")
+
+    def _on_channel_lost(self) -> None:
+        proc = self.proc
+        if proc is not None and proc.returncode is None and not self.stopping:
+            proc.kill()  # a worker without its socket is of no use; its exit is handled as a death
+
+    def _release(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        for arena in self.in_arenas:
+            arena.close()
+        if self.outputs is not None:
+            self.outputs.close()
+        self.in_arenas, self.outputs = [], None
+
+    async def _watch_exit(self, proc) -> None:
+        code = await proc.wait()
+        if proc is not self.proc:
+            return
+        was_alive, self.alive = self.alive, False
+        self.pool.services.custom_metrics.worker_gone(proc.pid)
+        reason = self.kill_reason or describe_exit(code)
+        self.kill_reason = ""
+        self._gone()
+        if self._check is not None and not self._check.done():
+            self._check.set_result("Stub process is not healthy while waiting for user-defined is_ready() response")
+        if self.ready is not None and not self.ready.done():
+            # Triton's words for a model process that died while it loaded (its qa greps for them)
+            self.ready.set_exception(LoadError(f"Stub process '{self.spec.name}' is not healthy. Its worker process "
+                                               f"{reason} while loading"))
+            return
+        if not was_alive:
+            return  # a failed load: start() has cleaned up and reports it
+        self._release()
+        self._lost(reason, proc.pid)
+        if self.stopping:
+            return
+        self.last_exit = reason
+        log.error("worker %s of model '%s' version %d (pid %d) %s; restarting it", self.spec.name,
+                  self.pool.model_name, self.pool.version, proc.pid, reason)
+        asyncio.get_running_loop().create_task(self._restart())
+
+    @property
+    def restarts(self) -> int:
+        """Restarts since its worker last lived long enough to count as stable."""
+        return self.restart_policy.restarts
+
+    def _give_up(self, reason: str) -> None:
+        why = self.restart_policy.gave_up(self.spec.name, reason)
+        log.error("model '%s' version %d: %s", self.pool.model_name, self.pool.version, why)
+        self.pool.crash_looped(self, why)
+
+    async def _restart(self) -> None:
+        policy = self.restart_policy
+        if policy.died(time.monotonic(), self.started_at):
+            self._give_up(self.last_exit)
+            return
+        while not self.stopping:
+            delay = policy.next_delay()
+            self.pool.restart_count += 1
+            await asyncio.sleep(delay)
+            if self.stopping:
+                return
+            try:
+                await self.start()
+            except LoadError as e:
+                log.error("restarting worker %s of model '%s' failed: %s", self.spec.name,
+                          self.pool.model_name, e)
+                if policy.failed(time.monotonic()):
+                    self._give_up(str(e).splitlines()[0] if str(e) else "load failed")
+                    return
+                if not self.pool.any_alive():
+                    # nothing can serve the queue until a restart succeeds: fail it rather than hang
+                    self.pool.on_down(ServerError(
+                        f"model '{self.pool.model_name}' version {self.pool.version} has no live instance: "
+                        f"restarting '{self.spec.name}' failed: {e}", Status.UNAVAILABLE))
+                continue
+            self._back()
+            return
+
+    async def stop(self, deadline: float) -> None:
+        self.stopping = True
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            self._release()
+            return
+        if self.channel is not None:
+            self.channel.send(transport.STOP, b"")
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            if sig is not None and proc.returncode is None:
+                proc.send_signal(sig)
+            try:
+                await asyncio.wait_for(proc.wait(), max(0.05, deadline - time.monotonic()))
+                break
+            except asyncio.TimeoutError:
+                deadline = time.monotonic() + 2.0
+        if self._watch is not None:
+            await asyncio.gather(self._watch, return_exceptions=True)
+        self._release()
+
+    # -- readiness and the worker's own word -----------------------------------------------
+    async def readiness(self) -> str:
+        """Why this instance is not ready, or "" when it is, as Triton's python backend says it: its
+        worker must be running, and a model with a readiness check of its own (is_ready) must answer
+        yes within READINESS_TIMEOUT_S. One check at a time: a caller that finds one in flight
+        shares its answer. A check that takes too long goes on, and the next caller waits for it."""
+        if not self.alive:
+            if self.pool.backend == "python":  # Triton's words, which its qa greps the log for
+                return f"Stub process '{self.spec.name}' is not healthy."
+            return f"instance '{self.spec.name}' has no running worker process ({self.last_exit or 'starting'})"
+        if not self.checks_readiness:
+            return ""
+        check = self._check
+        if check is not None and not check.done():
+            too_long = "Timed out waiting for in-flight is_ready() response"
+        else:
+            self._checks += 1
+            check = self._check = asyncio.get_running_loop().create_future()
+            self.channel.send(transport.READINESS, transport.encode(transport.ReadinessCheck(self._checks)), [])
+            too_long = "Timed out waiting for user-defined is_ready() response"
+        try:
+            return await asyncio.wait_for(asyncio.shield(check), READINESS_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return too_long
+
+    def _on_readiness(self, answer: transport.ReadinessResult) -> None:
+        check = self._check
+        if check is None or check.done() or answer.number != self._checks:
+            return
+        if answer.error:
+            check.set_result(answer.error)
+        else:
+            check.set_result("" if answer.ready else f"Model '{self.spec.name}' is not ready (user-defined check "
+                                                     "failed).")
+
+    def _on_control(self, kind: bytes, header: memoryview) -> None:
+        """READY, LOAD_FAILED or READINESS_RESULT."""
+        if kind == transport.READY:
+            ready = transport.decode(transport.Ready, header)
+            if ready.protocol != transport.PROTOCOL_VERSION:
+                self.ready.set_exception(LoadError(f"worker speaks protocol {ready.protocol}, "
+                                                   f"expected {transport.PROTOCOL_VERSION}"))
+            elif not self.ready.done():
+                self.checks_readiness = ready.checks_readiness
+                self.ready.set_result(ready)
+        elif kind == transport.READINESS_RESULT:
+            self._on_readiness(transport.decode(transport.ReadinessResult, header))
+        elif kind == transport.LOAD_FAILED:
+            failed = transport.decode(transport.LoadFailed, header)
+            if not self.ready.done():
+                self.ready.set_exception(LoadError(failed.error))
