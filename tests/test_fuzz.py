@@ -262,7 +262,7 @@ def test_upload_paths_stay_inside_the_model_directory(tmp_path, rel):
     import shutil
     import tempfile
 
-    from tritonmp.repository.model_manager import _write_files
+    from tritonmp.lifecycle.model_manager import _write_files
 
     base = tmp_path / "a" / "b" / "c" / "d"
     base.mkdir(parents=True, exist_ok=True)

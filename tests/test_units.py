@@ -991,7 +991,7 @@ def test_the_one_pass_grpc_decode_agrees_with_the_ordered_decode():
 
 
 def test_model_versions_are_read_as_stol_reads_them():
-    from tritonmp.repository.model_manager import parse_version
+    from tritonmp.lifecycle.model_manager import parse_version
 
     read = {"": -1, "1": 1, "007": 7, " \t1": 1, "+2": 2, "-0": 0, "3abc": 3, "1.5": 1, "0x10": 0,
             str(2**63 - 1): 2**63 - 1}

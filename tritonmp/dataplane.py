@@ -12,11 +12,11 @@ from .classification import class_count, classify
 from .core import InferRequest, InferResponse
 from .errors import ServerError, invalid, unavailable, unsupported
 from .ipc.shm_registry import SharedMemoryRegistry, ShmRef
+from .lifecycle.model_manager import ModelManager, parse_version
 from .logs import get_logger
 from .observability.log_settings import LogSettings
 from .observability.tracing import Tracer
 from .repository import config as cfg
-from .repository.model_manager import ModelManager, parse_version
 from .scheduling.response_cache import ResponseCache
 from .validation import check_request
 

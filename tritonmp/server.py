@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .lifecycle.model_manager import ModelManager, ServerOptions
 from .logs import get_logger
 from .observability.log_settings import LogSettings
 from .observability.sd_notify import Notifier
 from .observability.tracing import Tracer
-from .repository.model_manager import ModelManager, ServerOptions
 from .scheduling.response_cache import ResponseCache
 from .server_core import ServerCore
 from .tritonfrontend._frontends import KServeGrpc, KServeHttp, Metrics

@@ -9,10 +9,10 @@ import time
 from .dataplane import Dataplane
 from .frontends import json_offload
 from .ipc import arena
+from .lifecycle.model_manager import ModelManager, ServerOptions
 from .logs import get_logger
 from .observability.log_settings import LogSettings
 from .observability.tracing import Tracer
-from .repository.model_manager import ModelManager, ServerOptions
 from .scheduling.response_cache import ResponseCache
 
 log = get_logger("server")

@@ -22,7 +22,7 @@ from ..validation import TensorConfig
 from .scheduler import transfer_outcome
 
 if TYPE_CHECKING:
-    from ..repository.model_manager import ModelManager
+    from ..lifecycle.model_manager import ModelManager
 
 log = get_logger("ensemble")
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from ..core import InferRequest, InferResponse
 from ..errors import ServerError, Status
+from ..lifecycle.model_manager import ServerOptions
 from ..observability.log_settings import LogSettings
-from ..repository.model_manager import ServerOptions
 from ..scheduling.response_cache import ResponseCache
 from ..server_core import ServerCore
 

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ServerError
+from ..lifecycle.model_manager import ServerOptions
 from ..observability.log_settings import LogSettings
-from ..repository.model_manager import ServerOptions
 from ..scheduling.response_cache import ResponseCache
 from ._engine import Engine
 from ._errors import InternalError, InvalidArgumentError, UnavailableError, UnsupportedError, from_server_error

@@ -20,15 +20,15 @@ from ..ipc.busy_poll import DEFAULT_US as DEFAULT_BUSY_POLL_US
 from ..ipc.busy_poll import BusyPoll
 from ..ipc.pool import NO_BUSY_POLL, InstancePool, InstanceSpec, LoadError, ModelServices, PoolSettings
 from ..logs import get_logger
+from ..repository import config as cfg
+from ..repository.gpu_support import gpu_capable, why_not
+from ..repository.problems import ConfigProblem
+from ..repository.warmup import warmup_requests
 from ..scheduling.ensemble import EnsembleVersion
 from ..scheduling.scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
 from ..scheduling.sequence import SequenceScheduler
 from ..served import ServedVersion
 from ..validation import TensorConfig
-from . import config as cfg
-from .gpu_support import gpu_capable, why_not
-from .problems import ConfigProblem
-from .warmup import warmup_requests
 
 log = get_logger("models")
 
