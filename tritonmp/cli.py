@@ -177,7 +177,7 @@ def serve(argv: list[str]) -> int:
             log.error("--grpc-use-ssl-mutual needs --grpc-root-cert to check client certificates")
             return 1
     from .gpus import visible_gpus
-    from .lifecycle.model_manager import ServerOptions
+    from .lifecycle.model_version import ServerOptions
     from .server import Endpoints, Server
     from .tritonfrontend._frontends import KServeGrpc, KServeHttp, Metrics
 

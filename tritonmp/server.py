@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .lifecycle.model_manager import ModelManager, ServerOptions
+from .lifecycle.model_manager import ModelManager
+from .lifecycle.model_version import ServerOptions
 from .logs import get_logger
 from .observability.log_settings import LogSettings
 from .observability.sd_notify import Notifier

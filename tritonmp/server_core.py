@@ -9,7 +9,8 @@ import time
 from .dataplane import Dataplane
 from .frontends import json_offload
 from .ipc import arena
-from .lifecycle.model_manager import ModelManager, ServerOptions
+from .lifecycle.model_manager import ModelManager
+from .lifecycle.model_version import ServerOptions
 from .logs import get_logger
 from .observability.log_settings import LogSettings
 from .observability.tracing import Tracer

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from ..core import InferRequest, InferResponse
 from ..errors import ServerError, Status
-from ..lifecycle.model_manager import ServerOptions
+from ..lifecycle.model_version import ServerOptions
 from ..observability.log_settings import LogSettings
 from ..scheduling.response_cache import ResponseCache
 from ..server_core import ServerCore

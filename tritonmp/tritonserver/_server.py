@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ServerError
-from ..lifecycle.model_manager import ServerOptions
+from ..lifecycle.model_version import ServerOptions
 from ..observability.log_settings import LogSettings
 from ..scheduling.response_cache import ResponseCache
 from ._engine import Engine

@@ -1,0 +1,200 @@
+"""One served version of a model: its instance pool of worker processes and the scheduler that
+feeds it, built from its configuration and the server's settings (ServerOptions); loaded, retired
+(finishing its requests), stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..classification import read_labels
+from ..errors import unavailable
+from ..ipc.busy_poll import DEFAULT_US as DEFAULT_BUSY_POLL_US
+from ..ipc.busy_poll import BusyPoll
+from ..ipc.pool import NO_BUSY_POLL, InstancePool, InstanceSpec, LoadError, ModelServices, PoolSettings
+from ..logs import get_logger
+from ..repository import config as cfg
+from ..repository.gpu_support import gpu_capable, why_not
+from ..repository.warmup import warmup_requests
+from ..scheduling.scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
+from ..scheduling.sequence import SequenceScheduler
+from ..validation import TensorConfig
+
+log = get_logger("models")
+
+
+@dataclass
+class ServerOptions:
+    repositories: list[str]
+    workers: str = "auto"  # "auto" or a count
+    auto_complete: bool = True
+    arena_bytes: int = 64 << 20
+    log_verbose: int = 0
+    exit_timeout: float = 30.0
+    execution_timeout: float = 0.0
+    load_timeout: float = 0.0
+    gpus: list[int] = field(default_factory=list)
+    # --backend-config default-max-batch-size: backend ("" for all) -> max_batch_size of auto-complete
+    default_max_batch_sizes: dict[str, int] = field(default_factory=dict)
+    config_name: str = ""  # --model-config-name: read configs/NAME.pbtxt where a model has one
+    busy_poll_us: int = DEFAULT_BUSY_POLL_US  # --busy-poll-us: the loop polls this long after a batch
+    heap_retain_bytes: int = 1 << 30  # --worker-heap-retain-mb: freed memory a worker keeps for reuse
+
+
+class ModelVersion:
+    def __init__(self, name: str, version: int, completed: cfg.Completed, specs: list[InstanceSpec],
+                 options: ServerOptions, services: ModelServices, poll: BusyPoll = NO_BUSY_POLL):
+        self.name = name
+        self.version = version
+        self.config = completed.config
+        self.backend = completed.backend
+        self.state = "LOADING"
+        self.reason = ""
+        self.load_seconds = 0.0
+        c = completed.config
+        self.max_batch_size = c.max_batch_size
+        self.inputs = {t.name: TensorConfig(t.name, cfg.tensor_datatype(t), tuple(t.dims), t.optional)
+                       for t in c.input}
+        self.outputs = {t.name: cfg.tensor_datatype(t) for t in c.output}
+        self.config_json = cfg.to_json(c)
+        self.labels = read_labels(completed.model_dir, c)
+        settings = PoolSettings(
+            arena_bytes=options.arena_bytes, log_verbose=options.log_verbose, gpus=options.gpus,
+            execution_timeout=_execution_timeout(c, options.execution_timeout), load_timeout=options.load_timeout,
+            heap_retain_bytes=options.heap_retain_bytes, busy_poll=poll,
+            decoupled=c.model_transaction_policy.decoupled, warmup=warmup_requests(c, completed.model_dir))
+        self.pool = InstancePool(name, version, completed.model_dir, completed.backend, json.dumps(self.config_json),
+                                 specs, self.outputs, settings, services, self._crash_looped)
+        db = c.dynamic_batching if c.HasField("dynamic_batching") else None
+        policy = BatchPolicy(c.max_batch_size, db is not None,
+                             list(db.preferred_batch_size) if db else [],
+                             (db.max_queue_delay_microseconds if db else 0) * 1000)
+        self.scheduler: Scheduler | SequenceScheduler
+        if c.HasField("sequence_batching") and c.sequence_batching.iterative_sequence:
+            # each request is a sequence of its own, run again for as long as the model reschedules it;
+            # requests run together up to max_batch_size, as their iterations come round
+            self.scheduler = Scheduler(self.pool, BatchPolicy(c.max_batch_size, c.max_batch_size > 0, [], 0))
+        elif c.HasField("sequence_batching"):
+            self.scheduler = SequenceScheduler(self.pool, c)
+        else:
+            self.scheduler = Scheduler(self.pool, policy, priorities=priorities_of(c),
+                                       preserve_ordering=bool(db and db.preserve_ordering))
+
+    def _crash_looped(self, why: str) -> None:
+        self.state, self.reason = "UNAVAILABLE", why
+
+    async def load(self) -> None:
+        started = time.monotonic()
+        try:
+            await self.pool.start()
+        except LoadError as e:
+            self.state, self.reason = "UNAVAILABLE", str(e)
+            log.error("failed to load '%s' version %d: %s", self.name, self.version, e)
+            return
+        self.state, self.reason = "READY", ""
+        self.load_seconds = time.monotonic() - started
+        log.info("successfully loaded '%s' version %d in %.2fs", self.name, self.version, self.load_seconds)
+
+    async def retire(self, timeout: float) -> None:
+        """Finish what is queued and in flight (no new requests reach a retired version), then stop."""
+        self.state = "UNLOADING"
+        try:
+            await asyncio.wait_for(self.scheduler.drained(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("'%s' version %d still had requests after %.0fs; stopping it anyway", self.name,
+                        self.version, timeout)
+        await self.stop(time.monotonic() + timeout)
+        log.info("successfully unloaded '%s' version %d", self.name, self.version)
+
+    async def stop(self, deadline: float) -> None:
+        self.scheduler.fail_all(unavailable(f"model '{self.name}' version {self.version} is unloading"))
+        if isinstance(self.scheduler, Scheduler):
+            self.scheduler.close()
+        # last, so that a thread that sees the state (the in-process API's) sees the timer closed too
+        self.state = "UNAVAILABLE"
+        self.reason = "unloaded"
+        await self.pool.stop(deadline)
+
+
+def _execution_timeout(config: mc.ModelConfig, default: float) -> float:
+    """The model's `execution_timeout_secs` parameter, else the server's --execution-timeout-secs."""
+    value = config.parameters["execution_timeout_secs"].string_value if "execution_timeout_secs" in \
+        config.parameters else ""
+    try:
+        return float(value) if value else default
+    except ValueError:
+        return default
+
+
+def _queue_policy(p) -> QueuePolicy:
+    return QueuePolicy(p.max_queue_size, p.timeout_action == mc.ModelQueuePolicy.DELAY,
+                       p.default_timeout_microseconds, p.allow_timeout_override)
+
+
+def priorities_of(config: mc.ModelConfig) -> Priorities:
+    """The dynamic batcher's priority levels and queue policies."""
+    if not config.HasField("dynamic_batching"):
+        return Priorities()
+    db = config.dynamic_batching
+    default = _queue_policy(db.default_queue_policy) if db.HasField("default_queue_policy") else QueuePolicy()
+    return Priorities(db.priority_levels, db.default_priority_level, default,
+                      {level: _queue_policy(p) for level, p in db.priority_queue_policy.items()})
+
+
+def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int], backend: str = "") -> list[InstanceSpec]:
+    """Expand the instance groups (filling a default group from --workers) into instances. The default
+    group and KIND_AUTO groups go to the GPUs only where `backend` can use them (gpu_support)."""
+    placeable = gpus if not backend or gpu_capable(backend) else []  # for the default and KIND_AUTO groups
+    if gpus and not placeable and (
+            not config.instance_group
+            or any(g.kind == mc.ModelInstanceGroup.KIND_AUTO for g in config.instance_group)):
+        log.info("model '%s': %s, so its %s instances run on the CPU", config.name, why_not(backend),
+                 "KIND_AUTO" if config.instance_group else "default")
+    if not config.instance_group:
+        total = (len(placeable) or 1) if workers == "auto" else int(workers)
+        if placeable:
+            # `total` instances spread over the GPUs, one group per GPU (Triton's count is per GPU)
+            for i, gpu in enumerate(placeable[:total]):
+                group = config.instance_group.add()
+                group.kind = mc.ModelInstanceGroup.KIND_GPU
+                group.count = total // len(placeable) + (1 if i < total % len(placeable) else 0)
+                group.gpus.append(gpu)
+        else:
+            group = config.instance_group.add()
+            group.kind = mc.ModelInstanceGroup.KIND_CPU
+            group.count = total
+        if len(config.instance_group) == 1:
+            config.instance_group[0].name = config.name  # Triton names its default group after the model
+        cfg.normalize(config)
+    specs = []
+    for group in config.instance_group:
+        kind = group.kind
+        if kind == mc.ModelInstanceGroup.KIND_AUTO:
+            kind = mc.ModelInstanceGroup.KIND_GPU if placeable else mc.ModelInstanceGroup.KIND_CPU
+            group.kind = kind
+        if kind == mc.ModelInstanceGroup.KIND_GPU:
+            devices = list(group.gpus) or gpus
+            if not gpus:
+                raise LoadError(f"instance group '{group.name}' asks for KIND_GPU, but no GPU is visible; "
+                                "use KIND_CPU or KIND_AUTO")
+            for d in devices:
+                if d not in gpus:
+                    raise LoadError(f"instance group '{group.name}' names GPU {d}, which is not visible "
+                                    f"(visible: {gpus})")
+            if not group.gpus:
+                group.gpus.extend(devices)
+            k = 0
+            for d in devices:
+                for _ in range(group.count):
+                    specs.append(InstanceSpec(f"{group.name}_{k}", "GPU", d))
+                    k += 1
+        elif kind == mc.ModelInstanceGroup.KIND_MODEL:
+            # the model places itself: its instances see every GPU the server sees
+            specs += [InstanceSpec(f"{group.name}_{k}", "MODEL", 0) for k in range(group.count)]
+        else:
+            specs += [InstanceSpec(f"{group.name}_{k}", "CPU", 0) for k in range(group.count)]
+    return specs
