@@ -1,0 +1,169 @@
+"""The architecture that docs/architecture.md draws, held by the code: the package's modules import
+each other without cycles and only downwards through its layers, and no module grows past the size
+a reader can take in without a stated reason."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "tritonmp"
+
+# Lowest first: a module imports from its own layer and those below it, never from one above.
+# Each entry is a module or a package (every module in it), as named under tritonmp.
+LAYERS: list[tuple[str, list[str]]] = [
+    ("foundation", ["errors", "logs", "testing", "datatypes", "core", "gpus"]),
+    ("observability", ["observability"]),
+    ("model configuration", ["repository"]),
+    ("worker processes", ["ipc", "workers"]),
+    ("served versions and request checks", ["served", "validation", "classification"]),
+    ("scheduling", ["scheduling"]),
+    ("model lifecycle", ["lifecycle"]),
+    ("dataplane", ["dataplane"]),
+    ("frontends", ["frontends"]),
+    ("assembly", ["server_core", "server", "triton_flags", "cli", "__main__", "tritonserver", "tritonfrontend"]),
+]
+
+# Modules over MAX_LINES, each with the reason it is one module.
+MAX_LINES = 500
+LARGE = {
+    "frontends/http2.py": "one HTTP/2 connection's state machine (RFC 9113): frames, streams and flow control "
+                          "read together",
+    "workers/pb_utils.py": "triton_python_backend_utils: the public names of Triton's python backend API, "
+                           "in one module as models import it",
+    "frontends/http_protocol.py": "uvicorn's HTTP/1.1 protocol with its guards and the fast infer path, which "
+                                  "share the connection's state",
+    "repository/config.py": "reading, auto-completing and checking config.pbtxt, in Triton's order",
+}
+
+
+# Functions over MAX_FUNCTION_LINES, each with the reason it is one function.
+MAX_FUNCTION_LINES = 60
+LONG_FUNCTIONS = {
+    "repository/config.py:check_all": "Triton's checks of a whole config in Triton's order, each reported as found",
+    "repository/config.py:check_fields": "one check per field of ModelConfig that Triton validates, in its order",
+    "repository/model_io.py:check": "config against model, tensor by tensor, every mismatch reported at once",
+    "cli.py:serve_parser": "the argparse declarations of Triton's flags, one statement each",
+    "cli.py:serve": "flags to settings, one statement each, in the order Triton applies them",
+    "observability/metrics.py:render": "one Prometheus family after another, in the order Triton exports them",
+    "validation.py:_check_in_order": "the rules of a request, in Triton's order and words, for whatever the "
+                                     "one pass does not take",
+    "validation.py:check_request": "the one pass over a request of the common shape, written out: it runs for "
+                                   "every request",
+    "frontends/http_codec.py:_general_request": "the KServe JSON request in full, every field in the order Triton "
+                                                "reads it",
+    "frontends/http_codec.py:_typed_request": "the typed one-pass decode of the common request, written out: it "
+                                              "runs for every request",
+    "frontends/grpc_server.py:ModelStreamInfer": "one bidirectional stream: its reader, its per-request tasks and "
+                                                 "its writer share the stream's state",
+    "ipc/instance.py:_on_result": "a batch's answers: decoded, counted, traced and settled in one pass, per "
+                                  "request; it runs for every batch",
+    "workers/main.py:run_batch": "a batch in the worker: inputs, execute, outputs in one pass, timed; it runs "
+                                 "for every batch",
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that `name` imports when it runs (not those imported only for the type
+    checker)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for n in ast.walk(node)}
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - (node.level - 1)] if node.level > 1 else package
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                if not (node.module or "").startswith("tritonmp"):
+                    continue
+                target = node.module.removeprefix("tritonmp").lstrip(".")
+            submodules = [f"{target}.{a.name}".lstrip(".") for a in node.names]
+            # `from package import module` depends on the module (the package is its parent anyway)
+            candidates = [c for c in submodules if c in modules] or [target]
+        elif isinstance(node, ast.Import):
+            candidates = [a.name.removeprefix("tritonmp").lstrip(".") for a in node.names
+                          if a.name.startswith("tritonmp")]
+        else:
+            continue
+        out.update(c for c in candidates if c in modules and c and c != name)
+    return out
+
+
+def _layer(name: str) -> int:
+    for rank, (_, members) in enumerate(LAYERS):
+        for member in members:
+            if name == member or name.startswith(member + "."):
+                return rank
+    raise AssertionError(f"tritonmp.{name} belongs to no layer: add it to LAYERS and to docs/architecture.md")
+
+
+def test_every_module_belongs_to_a_layer_and_imports_only_downwards():
+    modules = _modules()
+    upward = []
+    for name, path in modules.items():
+        if not name:
+            continue
+        for target in _imports(name, path, modules):
+            if _layer(target) > _layer(name):
+                upward.append(f"{name} ({LAYERS[_layer(name)][0]}) imports {target} ({LAYERS[_layer(target)][0]})")
+    assert not upward, "\n".join(sorted(upward))
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    state: dict[str, int] = defaultdict(int)  # 0 unseen, 1 on the current path, 2 done
+    cycles = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(graph[name]):
+            if state[target] == 1:
+                cycles.append(" -> ".join([*path[path.index(target):], target]))
+            elif state[target] == 0:
+                visit(target, [*path, target])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if state[name] == 0:
+            visit(name, [name])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_functions_stay_short_or_say_why():
+    long = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(PACKAGE)}:{node.name}"] = lines
+    unexplained = {name: n for name, n in long.items() if name not in LONG_FUNCTIONS}
+    assert not unexplained, f"functions over {MAX_FUNCTION_LINES} lines without a stated reason: {unexplained}"
+    stale = [name for name in LONG_FUNCTIONS if name not in long]
+    assert not stale, f"listed as long but no longer are (take them off LONG_FUNCTIONS): {stale}"
+
+
+def test_modules_stay_small_or_say_why():
+    sizes = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    over = {name: n for name, n in sizes.items() if n > MAX_LINES and name not in LARGE}
+    assert not over, f"modules over {MAX_LINES} lines without a stated reason (LARGE): {over}"
+    stale = [name for name in LARGE if sizes.get(name, 0) <= MAX_LINES]
+    assert not stale, f"listed as large but no longer are (take them off LARGE): {stale}"
