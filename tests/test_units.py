@@ -106,7 +106,7 @@ def _sent_ahead(requests: int, priorities=None, timeout_us: int = 0, max_queue_s
     ahead to it."""
     async def run():
         instance = _BusyInstance()
-        pool = SimpleNamespace(idle=deque(), instances=[instance], model_name="m", on_idle=None, on_down=None,
+        pool = SimpleNamespace(idle=deque(), instances=[instance], model_name="m", attach=lambda *hooks: None,
                                decoupled=decoupled, senders=senders)
         if timeout_us or max_queue_size:
             priorities_ = Priorities(default_policy=QueuePolicy(max_queue_size, default_timeout_us=timeout_us))
@@ -171,7 +171,7 @@ def _wait_for_a_batch(precise: bool) -> tuple[int, int]:
     async def run():
         sent = asyncio.get_running_loop().create_future()
         instance = SimpleNamespace(batch=None, run=lambda batch: sent.set_result(time.monotonic_ns()))
-        pool = SimpleNamespace(idle=deque([instance]), instances=[], model_name="m", on_idle=None, on_down=None,
+        pool = SimpleNamespace(idle=deque([instance]), instances=[], model_name="m", attach=lambda *hooks: None,
                                decoupled=False)
         scheduler = Scheduler(pool, BatchPolicy(8, True, [], max_queue_delay_ns=300_000))
         scheduler._precise_failed = not precise
