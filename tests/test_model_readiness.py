@@ -88,7 +88,7 @@ def readiness(tmp_path_factory):
     marker = repo.parent / "executing"
     for name, answer, delay in (("says_yes", "true", "0.1"), ("says_no", "false", "0.1"),
                                 ("raises", "exception", "0.1"), ("not_bool", "not_bool", "0.1"),
-                                ("coroutine", "coroutine", "0.1"), ("slow", "true", "7")):
+                                ("coroutine", "coroutine", "0.1"), ("slow", "true", "5.6")):
         write_model(repo, name, READINESS_MODEL, _config(ANSWER=answer, DELAY=delay))
     write_model(repo, "busy", READINESS_MODEL, _config(ANSWER="true", MARKER=str(marker)))
     write_model(repo, "plain", READINESS_MODEL.replace("def is_ready", "def _unused"), _config())
@@ -147,10 +147,10 @@ def test_a_check_that_takes_too_long_is_not_ready_and_the_next_caller_shares_its
     with httpclient.InferenceServerClient(readiness.url) as http, \
             grpcclient.InferenceServerClient(readiness.grpc_url) as grpc:
         started = time.monotonic()
-        assert not http.is_model_ready("slow")  # is_ready() takes 7 s: not ready after 5
+        assert not http.is_model_ready("slow")  # is_ready() takes 5.6 s: not ready after 5
         assert 4.5 < time.monotonic() - started < 6.5
         assert _infer(readiness, "slow") == 1.0  # inference is not held up meanwhile
-        assert grpc.is_model_ready("slow")  # waits for the check in flight, which says yes after 7 s
+        assert grpc.is_model_ready("slow")  # waits for the check in flight, which says yes after 5.6 s
         assert time.monotonic() - started < 9.0
     assert "Model 'slow' version 1 is not ready: Timed out waiting for user-defined is_ready() response" \
         in readiness.log()
