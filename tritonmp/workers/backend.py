@@ -4,11 +4,18 @@ implements (Backend): the worker loop reads nothing else of it."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from tritonmp.ipc.transport import TensorSpec
+from tritonmp.ipc.transport import BlsRequest, BlsResult, TensorRef, TensorSpec, WorkerSpec
+
+if TYPE_CHECKING:
+    from tritonmp.ipc.arena import Arena
+
+    from .inbox import Inbox
 
 
 @dataclass
@@ -50,6 +57,26 @@ class WorkResponse:
     rescheduled: bool = False  # run the request again in a later batch (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
 
 
+class WorkerHost(Protocol):
+    """What a backend may use of the worker that runs it, for calls of its model's own to the server."""
+
+    inbox: Inbox  # where answers and cancellations arrive
+    out_arena: Arena  # the first output arena (a python model's pb_utils.SharedMemory)
+    metric_outbox: deque  # messages that go before the worker's next one
+
+    def send(self, kind: bytes, header, frames=()) -> None:
+        """Send a message to the frontend (from any thread)."""
+        ...
+
+    def ask(self, header: BlsRequest, frames: list) -> tuple[BlsResult, list]:
+        """Send a call to the frontend and wait for its one answer."""
+        ...
+
+    def decode_tensor(self, ref: TensorRef, frames) -> WorkTensor:
+        """A tensor of a message from the frontend, as the backend reads it."""
+        ...
+
+
 class Backend(ABC):
     """A model loaded in a worker: built from (WorkerSpec, its config as a dict), raising BackendError
     with the reason when it cannot load."""
@@ -60,6 +87,16 @@ class Backend(ABC):
     uses_senders = False  # its requests carry response senders and cancellation flags (python models)
     checks_readiness = False  # it has a readiness check of its own (is_ready), asked while it may be executing
     detail = ""  # a line for the server's log when it is ready: providers, threads, device
+
+    @classmethod  # noqa: B027 - most backends make no calls of their own
+    def prepare(cls, host: WorkerHost) -> None:
+        """Before the model loads: set up what its own calls to the server go through (`host`)."""
+
+    def __init__(self, spec: WorkerSpec, config: dict) -> None:  # noqa: B027 - the contract's signature
+        """Load the model of this instance (`spec`) with its configuration."""
+
+    def output_arena(self, arena: Arena) -> None:  # noqa: B027 - only python models write arenas themselves
+        """The output arena of the batches from now on (the frontend alternates two)."""
 
     @abstractmethod
     def metadata(self) -> tuple[list[TensorSpec], list[TensorSpec]]:

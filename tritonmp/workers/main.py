@@ -26,7 +26,7 @@ from tritonmp import datatypes
 from tritonmp.ipc import transport
 from tritonmp.ipc.arena import Arena
 
-from .backend import Backend, BackendError, WorkRequest, WorkResponse, WorkTensor
+from .backend import Backend, BackendError, WorkerHost, WorkRequest, WorkResponse, WorkTensor
 from .client_shm import ClientRegions
 from .cuda_shm import CudaRegions
 from .heap import HeapRetention
@@ -61,11 +61,14 @@ BACKENDS = {
 }
 
 
-def load_backend(spec: transport.WorkerSpec, config: dict) -> Backend:
+def load_backend(spec: transport.WorkerSpec, config: dict, host: WorkerHost) -> Backend:
+    """The instance's backend, prepared (`Backend.prepare`) and then built with its model loaded."""
     if spec.backend not in BACKENDS:
         raise BackendError(f"backend '{spec.backend}' is not available in this server")
-    module, cls = BACKENDS[spec.backend]
-    return getattr(importlib.import_module(f".{module}", __package__), cls)(spec, config)
+    module, name = BACKENDS[spec.backend]
+    cls: type[Backend] = getattr(importlib.import_module(f".{module}", __package__), name)
+    cls.prepare(host)
+    return cls(spec, config)
 
 
 class Worker:
@@ -83,6 +86,7 @@ class Worker:
         self.backend: Backend | None = None
         self.client_regions = ClientRegions()
         self.cuda_regions = CudaRegions(spec.device_id, spec.kind, spec.instance_name)
+        # messages a model queued to go before the worker's next one (custom metrics it released)
         self.metric_outbox: deque = deque()
 
     def send(self, kind: bytes, header, frames=()) -> None:
@@ -93,21 +97,18 @@ class Worker:
                                        transport.encode(transport.MetricUpdate(op, family, labels)))
             transport.send_message(self.sock, kind, transport.encode(header), frames)
 
-    def metric_call(self, op: str, args: dict) -> float:
-        """A custom metric's creation or value, answered by the frontend."""
-        from . import pb_utils
-
-        result, _ = self._ask(transport.BlsRequest("", "", "", [], control=op, control_args=args), [])
-        if result.error:
-            raise pb_utils.TritonModelException(result.error)
-        return result.number
-
-    def log_send(self, level: str, message: str) -> None:
-        """A line of the model's pb_utils.Logger, for the server's log."""
-        self.send(transport.LOG, transport.Log(level, message))
-
-    def metric_send(self, op: str, family: str, labels: dict, value: float) -> None:
-        self.send(transport.METRIC, transport.MetricUpdate(op, family, labels, value))
+    def ask(self, header: transport.BlsRequest, frames: list) -> tuple[transport.BlsResult, list]:
+        """Send a model's own request to the frontend and wait for its one answer."""
+        number, answers = self.inbox.open_call()
+        try:
+            header.call = number
+            self.send(transport.BLS, header, frames)
+            answer = self.inbox.answer(answers)
+        finally:
+            self.inbox.close_call(number)
+        if answer is None:
+            raise SystemExit(0)  # the frontend has gone
+        return answer
 
     def stream_sender(self, batch_id: int, index: int):
         """The send function behind one request's response sender: a STREAM message per response, which
@@ -132,115 +133,10 @@ class Worker:
 
         return send
 
-    def _ask(self, header: transport.BlsRequest, frames: list) -> tuple[transport.BlsResult, list]:
-        """Send a model's own request to the frontend and wait for its one answer."""
-        number, answers = self.inbox.open_call()
-        try:
-            header.call = number
-            self.send(transport.BLS, header, frames)
-            answer = self.inbox.answer(answers)
-        finally:
-            self.inbox.close_call(number)
-        if answer is None:
-            raise SystemExit(0)  # the frontend has gone
-        return answer
-
-    def control(self, op: str, model: str, version: str = "", **args) -> bool:
-        """A model's own is_model_ready, load_model or unload_model, answered by the frontend."""
-        from . import pb_utils
-
-        result, _ = self._ask(transport.BlsRequest("", model, version, [], control=op, control_args=args), [])
-        if result.error:
-            raise pb_utils.TritonModelException(result.error)
-        return result.value
-
-    def _bls_header(self, request, frames: list, decoupled: bool) -> transport.BlsRequest:
-        refs = []
-        for t in request.inputs():
-            array = np.asarray(t._host())
-            buf = datatypes.to_buffer(t._datatype, array)
-            refs.append(transport.TensorRef(t.name(), t._datatype, list(array.shape), frame=len(frames),
-                                            nbytes=len(buf) if isinstance(buf, bytes) else buf.nbytes))
-            frames.append(buf)
-        params = json.loads(request.parameters()) if request.parameters() else {}
-        if request.correlation_id():  # a request of a sequence, as the client protocols carry it
-            from . import pb_utils
-
-            params["sequence_id"] = request.correlation_id()
-            params["sequence_start"] = bool(request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
-            params["sequence_end"] = bool(request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
-        if request.timeout():
-            params["timeout"] = request.timeout()
-        version = "" if request.model_version() in (-1, None) else str(request.model_version())
-        return transport.BlsRequest(request.request_id(), request.model_name(), version, refs,
-                                    request.requested_output_names(), params, decoupled=decoupled)
-
-    def _bls_response(self, result: transport.BlsResult, frames, request=None) -> object:
-        """A BLS answer as the model sees it; in GPU memory where the request prefers it and a GPU is there."""
-        from . import pb_utils
-
-        if result.error:
-            code = getattr(pb_utils.TritonError, result.error_status, pb_utils.TritonError.INTERNAL)
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(result.error, code))
-        tensors = []
-        for ref in result.outputs:
-            t = self.decode_tensor(ref, frames)
-            tensors.append(pb_utils.Tensor(t.name, t.array, t.datatype))
-        preferred = getattr(request, "_preferred_memory", None)
-        if preferred is not None and preferred.preferred_memory_type == pb_utils.TRITONSERVER_MEMORY_GPU:
-            tensors = [t._to_gpu(preferred.preferred_device_id) for t in tensors]
-        return pb_utils.InferenceResponse(tensors)
-
-    def bls(self, request, decoupled: bool = False) -> object:
-        """A model's own inference request: sent to the frontend, from any thread of the model. One
-        InferenceResponse, or for a decoupled call a ResponseIterator over every response."""
-        from . import pb_utils
-
-        frames: list = []
-        header = self._bls_header(request, frames, decoupled)
-        if not decoupled:
-            return self._bls_response(*self._ask(header, frames), request)
-        number, answers = self.inbox.open_call()
-        header.call = number
-        self.send(transport.BLS, header, frames)
-        # as Triton's, the call returns once its first response has come: iterating the responses then
-        # waits only for the later ones (an `async_exec` leaves the model's event loop free meanwhile)
-        first = self.inbox.answer(answers)
-
-        def responses():
-            answer = first
-            try:
-                while True:
-                    if answer is None:
-                        raise SystemExit(0)  # the frontend has gone
-                    result, reply_frames = answer
-                    # the final flag alone arrives as an empty response, as Triton's iterator yields it
-                    yield pb_utils.InferenceResponse() if result.empty else \
-                        self._bls_response(result, reply_frames, request)
-                    if result.final:
-                        return
-                    answer = self.inbox.answer(answers)
-            finally:
-                self.inbox.close_call(number)
-
-        def cancel():
-            self.send(transport.BLS_CANCEL, transport.BlsCancel(number))
-
-        return pb_utils.ResponseIterator(responses(), cancel)
-
     def start(self) -> bool:
         try:
             config = json.loads(self.spec.config_json)
-            if self.spec.backend == "python":
-                from . import pb_utils
-
-                pb_utils._bls_executor = self.bls
-                pb_utils.Logger._sink = self.log_send
-                pb_utils._control_executor = self.control
-                pb_utils.pb_metrics._call, pb_utils.pb_metrics._send = self.metric_call, self.metric_send
-                self.metric_outbox = pb_utils.pb_metrics.outbox
-                pb_utils.SharedMemory._arena = self.out_arena
-            self.backend = load_backend(self.spec, config)
+            self.backend = load_backend(self.spec, config, self)
             inputs, outputs = self.backend.metadata()
             detail = self.backend.detail
         except BackendError as e:
@@ -332,10 +228,8 @@ class Worker:
         arena = self.out_arenas[index]
         if arena is not self.out_arena:
             self.out_arena = arena
-            if self.spec.backend == "python":
-                from . import pb_utils
-
-                pb_utils.SharedMemory._arena = arena
+            if self.backend is not None:
+                self.backend.output_arena(arena)
 
     def arena_alloc(self, nbytes: int) -> tuple[memoryview, int] | None:
         """Room for an output the backend writes into the batch's output arena itself."""

@@ -17,7 +17,8 @@ from types import ModuleType
 from tritonmp.ipc.transport import TensorSpec, WorkerSpec
 
 from . import pb_utils
-from .backend import Backend, BackendError, WorkRequest, WorkResponse, WorkTensor
+from .backend import Backend, BackendError, WorkerHost, WorkRequest, WorkResponse, WorkTensor
+from .server_calls import ServerCalls
 
 
 def install_utils_module() -> None:
@@ -60,6 +61,11 @@ def import_model_file(path: str, tag: str) -> ModuleType:
 
 class PythonBackend(Backend):
     uses_senders = True  # every request has a response sender (WorkRequest.sender)
+
+    @classmethod
+    def prepare(cls, host: WorkerHost) -> None:
+        """pb_utils' calls to the server (BLS, model control, metrics, Logger) go through `host`."""
+        ServerCalls(host).install()
 
     def __init__(self, spec: WorkerSpec, config: dict):
         install_utils_module()
@@ -213,6 +219,9 @@ class PythonBackend(Backend):
                 problem = sender._claim()
                 answers.append(WorkResponse(deferred=True) if problem else _work_response(result))
         return answers
+
+    def output_arena(self, arena) -> None:
+        pb_utils.SharedMemory._arena = arena  # pb_utils.SharedMemory allocates outputs there
 
     def is_ready(self) -> bool:
         """The model's is_ready(): a plain function, or a coroutine run on the model's event loop; a
