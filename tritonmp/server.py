@@ -166,7 +166,7 @@ class Server:
                     code = 1
                     self.stop_requested.set()
                 elif self.model_control == "poll":
-                    poller = loop.create_task(models.poll(self.poll_secs))
+                    poller = loop.create_task(models.poll(self.poll_secs, core.fingerprints))
                 await stop
             else:
                 load.cancel()

@@ -300,9 +300,10 @@ class ModelManager:
             out[name] = (dirs[0], tuple(sorted(items)))
         return out
 
-    async def poll(self, interval: float) -> None:
-        """Watch the repositories: load new models, reload changed ones, unload removed ones."""
-        seen = self.fingerprints()
+    async def poll(self, interval: float, seen: dict) -> None:
+        """Watch the repositories: load new models, reload changed ones, unload removed ones, since
+        `seen` (the fingerprints taken when the startup load ended: a change made after it, before
+        this task's first turn, is still a change)."""
         while True:
             await asyncio.sleep(interval)
             seen = await self.poll_once(seen)
