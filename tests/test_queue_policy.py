@@ -179,7 +179,7 @@ def test_preserve_ordering_returns_responses_in_request_order(start_server, tmp_
 @pytest.mark.parametrize("deadline", [None, 30.0], ids=["no deadline", "deadline"])
 def test_a_cancelled_grpc_call_leaves_the_queue(start_server, tmp_path, deadline):
     """A unary ModelInfer the client cancels while it waits in the queue never executes, whether
-    the call is answered from the dataplane's future (no grpc-timeout) or runs as a task."""
+    the call is answered from the server API's future (no grpc-timeout) or runs as a task."""
     import tritonclient.grpc as grpcclient
 
     server = start_server([_repo(tmp_path, "")])

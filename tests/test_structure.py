@@ -13,16 +13,16 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tritonmp"
 # Lowest first: a module imports from its own layer and those below it, never from one above.
 # Each entry is a module or a package (every module in it), as named under tritonmp.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("foundation", ["errors", "logs", "testing", "datatypes", "core", "gpus"]),
+    ("foundation", ["errors", "logs", "testing", "datatypes", "inference", "gpus"]),
     ("observability", ["observability"]),
     ("model configuration", ["repository"]),
     ("worker processes", ["ipc", "workers"]),
     ("served versions and request checks", ["served", "validation", "classification"]),
     ("scheduling", ["scheduling"]),
     ("model lifecycle", ["lifecycle"]),
-    ("dataplane", ["dataplane"]),
+    ("server api", ["server_api"]),
     ("frontends", ["frontends"]),
-    ("assembly", ["server_core", "server", "triton_flags", "cli", "__main__", "tritonserver", "tritonfrontend"]),
+    ("assembly", ["runtime", "command", "triton_flags", "cli", "__main__", "tritonserver", "tritonfrontend"]),
 ]
 
 # Modules over MAX_LINES, each with the reason it is one module.

@@ -8,8 +8,8 @@ import os
 import numpy as np
 
 from . import datatypes
-from .core import Tensor
 from .errors import invalid
+from .inference import Tensor
 
 
 def read_labels(model_dir: str, config) -> dict[str, list[str]]:

@@ -176,9 +176,9 @@ def serve(argv: list[str]) -> int:
         if args.grpc_use_ssl_mutual and not args.grpc_root_cert:
             log.error("--grpc-use-ssl-mutual needs --grpc-root-cert to check client certificates")
             return 1
+    from .command import Command, Endpoints
     from .gpus import visible_gpus
     from .lifecycle.model_version import ServerOptions
-    from .server import Endpoints, Server
     from .tritonfrontend._frontends import KServeGrpc, KServeHttp, Metrics
 
     auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
@@ -227,7 +227,7 @@ def serve(argv: list[str]) -> int:
                           max(0.1, args.metrics_interval_ms / 1000))
 
     async def main() -> int:
-        server = Server(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs,
+        server = Command(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs,
                         args.allow_client_shm, args.model_control_mode, args.load_model,
                         args.repository_poll_secs, log_settings, tracer, cache, args.id,
                         flags=given_flags(parser, args))

@@ -1,4 +1,4 @@
-"""What the frontends, the dataplane, metrics, the status page and statistics may ask of a served
+"""What the frontends, the server API, metrics, the status page and statistics may ask of a served
 model version, as one typed contract.
 
 A model's version (repository.model_manager.ModelVersion: instance pools of worker processes) and
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .core import InferRequest, InferResponse
+from .inference import InferRequest, InferResponse
 from .observability.stats import ModelStats
 from .validation import TensorConfig
 

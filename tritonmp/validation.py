@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass, field
 
 from . import datatypes
-from .core import InferRequest
 from .errors import invalid
+from .inference import InferRequest
 from .ipc.shm_registry import ShmRef
 
 

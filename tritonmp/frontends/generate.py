@@ -9,8 +9,8 @@ import json
 import numpy as np
 
 from .. import datatypes
-from ..core import InferRequest, InferResponse, Tensor
 from ..errors import ServerError, invalid
+from ..inference import InferRequest, InferResponse, Tensor
 
 RESERVED = ("id", "parameters")
 PREFIX = "[request id: <id_unknown>] "

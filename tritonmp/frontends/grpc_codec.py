@@ -7,8 +7,8 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from .. import datatypes
-from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..errors import invalid
+from ..inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..ipc import buffers
 from .request_params import RESERVED_GRPC, check_grpc_output, check_grpc_request, check_grpc_shared_memory
 
@@ -197,7 +197,7 @@ def _decode_in_order(msg: pb.ModelInferRequest, raw) -> InferRequest:
             if t.HasField("contents"):
                 raise invalid(f"unexpected 'content' provided when using shared memory for input tensor '{t.name}' "
                               f"for model '{msg.model_name}'")
-            data = None  # the dataplane resolves the region
+            data = None  # the server API resolves the region
         elif t.HasField("contents"):
             if raw:  # Triton's words, which its example clients check for
                 raise invalid(f"contents field must not be specified when using raw_input_contents for '{t.name}' "

@@ -16,9 +16,9 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
 from .. import __version__
-from ..dataplane import Dataplane
 from ..errors import ServerError, Status
 from ..logs import get_logger
+from ..server_api import ServerApi
 from . import grpc_codec
 from .grpc_protocol import (
     CALL_METADATA,
@@ -55,8 +55,8 @@ DEFAULT_MAX_INPUT_SIZE = (1 << 31) - 1  # --grpc-max-input-size: Triton's limit,
 class InferenceService:
     """Triton's RPCs as plain coroutines: a request message in, a response message out."""
 
-    def __init__(self, dataplane: Dataplane, extensions: list[str], forward: re.Pattern | None = None):
-        self.dp = dataplane
+    def __init__(self, api: ServerApi, extensions: list[str], forward: re.Pattern | None = None):
+        self.api = api
         self.extensions = extensions
         self.forward = forward  # the request metadata that reaches models (--grpc-header-forward-pattern)
 
@@ -67,19 +67,19 @@ class InferenceService:
             request.parameters.update(forwarded(self.forward, metadata_items()))
 
     async def ServerLive(self, request):
-        return pb.ServerLiveResponse(live=self.dp.live())
+        return pb.ServerLiveResponse(live=self.api.live())
 
     async def ServerReady(self, request):
-        return pb.ServerReadyResponse(ready=await self.dp.ready())
+        return pb.ServerReadyResponse(ready=await self.api.ready())
 
     async def ModelReady(self, request):
-        return pb.ModelReadyResponse(ready=await self.dp.model_ready(request.name, request.version))
+        return pb.ModelReadyResponse(ready=await self.api.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request):
-        return pb.ServerMetadataResponse(name=self.dp.server_id, version=__version__, extensions=self.extensions)
+        return pb.ServerMetadataResponse(name=self.api.server_id, version=__version__, extensions=self.extensions)
 
     async def ModelMetadata(self, request):
-        meta = self.dp.model_metadata(request.name, request.version)
+        meta = self.api.model_metadata(request.name, request.version)
         response = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"],
                                             platform=meta["platform"])
         for kind in ("inputs", "outputs"):
@@ -88,23 +88,23 @@ class InferenceService:
         return response
 
     async def ModelConfig(self, request):
-        mv = self.dp.models.get(request.name, request.version)
+        mv = self.api.models.get(request.name, request.version)
         return pb.ModelConfigResponse(config=mv.config)
 
     async def ModelInfer(self, request):
         msg = grpc_codec.request_message(request)
-        self.dp.model_for(msg.model_name, msg.model_version, "ModelInfer RPC")  # first, as in Triton
+        self.api.model_for(msg.model_name, msg.model_version, "ModelInfer RPC")  # first, as in Triton
         core = grpc_codec.decode_infer(request)
         self._forward(core)
-        return grpc_codec.encode_infer_wire(await self.dp.infer(core, "ModelInfer RPC"))
+        return grpc_codec.encode_infer_wire(await self.api.infer(core, "ModelInfer RPC"))
 
     def start_infer(self, request) -> asyncio.Future:
         """ModelInfer's first half, for the built-in engine: the request's model looked up (before
         its inputs are read, as Triton does), the request decoded and queued."""
         try:
             msg = grpc_codec.request_message(request)
-            mv = self.dp.model_for(msg.model_name, msg.model_version, "ModelInfer RPC")
-            return self.dp.submit(grpc_codec.decode_infer(request), "ModelInfer RPC", mv)
+            mv = self.api.model_for(msg.model_name, msg.model_version, "ModelInfer RPC")
+            return self.api.submit(grpc_codec.decode_infer(request), "ModelInfer RPC", mv)
         except ServerError as e:
             raise RpcError(CODE_OF[e.status], e.message) from None
 
@@ -117,36 +117,36 @@ class InferenceService:
             raise RpcError(CODE_OF[e.status], e.message) from None
 
     async def ModelStatistics(self, request):
-        return json_format.ParseDict(self.dp.statistics(request.name, request.version), pb.ModelStatisticsResponse(),
+        return json_format.ParseDict(self.api.statistics(request.name, request.version), pb.ModelStatisticsResponse(),
                                      ignore_unknown_fields=True)
 
     async def SystemSharedMemoryStatus(self, request):
         response = pb.SystemSharedMemoryStatusResponse()
-        for r in self.dp.shm.status(request.name):
+        for r in self.api.shm.status(request.name):
             response.regions[r.name].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
                 name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size))
         return response
 
     async def SystemSharedMemoryRegister(self, request):
-        self.dp.shm.register(request.name, request.key, request.offset, request.byte_size)
+        self.api.shm.register(request.name, request.key, request.offset, request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request):
-        self.dp.shm.unregister(request.name)
+        self.api.shm.unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def RepositoryIndex(self, request):
         response = pb.RepositoryIndexResponse()
-        for row in self.dp.repository_index(request.ready):
+        for row in self.api.repository_index(request.ready):
             response.models.add(**row)
         return response
 
     async def RepositoryModelLoad(self, request):
-        await self.dp.load_model(request.model_name, grpc_codec.parameters_dict(request.parameters))
+        await self.api.load_model(request.model_name, grpc_codec.parameters_dict(request.parameters))
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request):
-        await self.dp.unload_model(request.model_name, grpc_codec.parameters_dict(request.parameters))
+        await self.api.unload_model(request.model_name, grpc_codec.parameters_dict(request.parameters))
         return pb.RepositoryModelUnloadResponse()
 
     async def ModelStreamInfer(self, request_iterator):
@@ -173,11 +173,11 @@ class InferenceService:
         async def one(item):
             msg = grpc_codec.request_message(item)
             try:
-                self.dp.models.get(msg.model_name, msg.model_version)  # first, as in Triton
+                self.api.models.get(msg.model_name, msg.model_version)  # first, as in Triton
                 request = grpc_codec.decode_infer(item)
                 self._forward(request)
                 send_empty = request.empty_final
-                async for item in self.dp.infer_stream(request):
+                async for item in self.api.infer_stream(request):
                     if isinstance(item, ServerError):  # one failed response; more may follow
                         await failed(msg, item)
                     elif not item.empty or send_empty:
@@ -219,25 +219,25 @@ class InferenceService:
 
     async def CudaSharedMemoryStatus(self, request):
         response = pb.CudaSharedMemoryStatusResponse()
-        for r in self.dp.shm.status(request.name, "cuda"):
+        for r in self.api.shm.status(request.name, "cuda"):
             response.regions[r.name].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(
                 name=r.name, device_id=r.device_id, byte_size=r.byte_size))
         return response
 
     async def CudaSharedMemoryRegister(self, request):
-        self.dp.register_cuda_shm(request.name, request.raw_handle, request.device_id, request.byte_size)
+        self.api.register_cuda_shm(request.name, request.raw_handle, request.device_id, request.byte_size)
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request):
-        self.dp.shm.unregister(request.name, "cuda")
+        self.api.shm.unregister(request.name, "cuda")
         return pb.CudaSharedMemoryUnregisterResponse()
 
     async def TraceSetting(self, request):
         changes = {key: (list(v.value) or None) for key, v in request.settings.items()}
         if changes:
-            settings = self.dp.update_trace_settings(changes, request.model_name)
+            settings = self.api.update_trace_settings(changes, request.model_name)
         else:
-            settings = self.dp.trace_settings(request.model_name)
+            settings = self.api.trace_settings(request.model_name)
         response = pb.TraceSettingResponse()
         for key, value in settings.items():
             response.settings[key].value.extend(value if isinstance(value, list) else [value])
@@ -245,7 +245,7 @@ class InferenceService:
 
     async def LogSettings(self, request):
         changes = grpc_codec.parameters_dict(request.settings)
-        settings = self.dp.log_settings.update(changes) if changes else self.dp.log_settings.settings
+        settings = self.api.log_settings.update(changes) if changes else self.api.log_settings.settings
         response = pb.LogSettingsResponse()
         for key, value in settings.items():
             field = {bool: "bool_param", int: "uint32_param", str: "string_param"}[type(value)]
@@ -274,7 +274,7 @@ def methods(service: InferenceService) -> dict[str, Method]:
         streaming = m.client_streaming or m.server_streaming
         parse = grpc_codec.parse_infer_request if m.input_type.name == "ModelInferRequest" else None
         start = finish = None
-        if m.name == "ModelInfer" and service.forward is None:  # answered from the dataplane's future, without
+        if m.name == "ModelInfer" and service.forward is None:  # answered from the server API's future, without
             # a task per call (forwarding metadata takes the task, in which the call's metadata is known)
             start, finish = service.start_infer, service.finish_infer
         table[f"/{SERVICE}/{m.name}"] = Method(getattr(pb, m.input_type.name),
@@ -384,14 +384,14 @@ def restriction_guard(restrictions: Restrictions | None):
     return guard
 
 
-async def start(dataplane: Dataplane, extensions: list[str], address: str, port: int,
+async def start(api: ServerApi, extensions: list[str], address: str, port: int,
                 tls: dict | None = None, engine: str = "builtin", keepalive: Keepalive | None = None,
                 grpcio_options: list | None = None, restrictions: Restrictions | None = None,
                 max_input_size: int = DEFAULT_MAX_INPUT_SIZE, max_connections: int = 0,
                 forward: re.Pattern | None = None):
     """A started gRPC server (with `stop(grace)`); `tls` holds server_cert, server_key, root_cert
     and mutual; `forward`: the request metadata that reaches models as infer request parameters."""
-    table = methods(InferenceService(dataplane, extensions, forward))
+    table = methods(InferenceService(api, extensions, forward))
     guard = restriction_guard(restrictions)
     if engine == "grpcio":
         server = _GrpcioServer(table, grpcio_options, guard, max_input_size)

@@ -13,8 +13,8 @@ import numpy as np
 import orjson
 
 from .. import datatypes
-from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..errors import ServerError, invalid
+from ..inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from .request_params import check_json_output, check_json_request, check_json_shared_memory, unsigned, wrong_json_type
 
 LARGE_OUTPUT = 64 * 1024  # a binary output this large is written from its own buffer, never joined
@@ -273,7 +273,7 @@ def _general_request(header, binary: memoryview, model: str, version: str) -> tu
             data = _json_data(name, datatype, shape, item["data"])
         elif "shared_memory_region" in params:
             check_json_shared_memory(params)
-            data = None  # the dataplane resolves the region
+            data = None  # the server API resolves the region
         elif "binary_data_size" in params:
             size = params["binary_data_size"]
             if not unsigned(size):

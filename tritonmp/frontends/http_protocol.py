@@ -17,7 +17,7 @@ the end of the turn, for every connection together (`Outbox`): the answers of a 
 their client in one burst, which wakes it once.
 
 The infer route's common case skips ASGI (`FastInfer`): a `POST .../infer` whose small body has a
-declared length and no coding is decoded when its last byte arrives, handed to the dataplane, and
+declared length and no coding is decoded when its last byte arrives, handed to the server API, and
 answered from its future's done-callback, with no task, scope, ASGI messages or body copies for
 it. Whatever else (chunked, compressed, large or `Expect: 100-continue` bodies, pipelined
 requests, restricted APIs, a client that is not reading) takes uvicorn's ASGI cycle as before; both
@@ -230,13 +230,13 @@ class FastInfer:
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.body = []
         try:
-            mv = app.dp.model_for(self.model, self.version, "HTTP end point")  # before the body, as Triton
+            mv = app.api.model_for(self.model, self.version, "HTTP end point")  # before the body, as Triton
             self.request, self.binary_default = app.decode_infer(body, self.header_length, self.model,
                                                                  self.version, mv)
             if self.protocol.forwarded:  # after the request's own parameters, as in Triton
                 self.request.parameters.update(self.protocol.forwarded)
             self.request.cancellable = False  # nothing awaits it: its client's going is seen by the protocol
-            future = app.dp.submit(self.request, "HTTP end point", mv)
+            future = app.api.submit(self.request, "HTTP end point", mv)
         except Exception as e:  # noqa: BLE001 - answered as the ASGI path answers it
             self._failed(e)
             return

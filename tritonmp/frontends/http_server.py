@@ -16,10 +16,10 @@ import zlib
 import orjson
 
 from .. import __version__
-from ..dataplane import EXTENSIONS, Dataplane
 from ..errors import ServerError, invalid, too_large, unsupported
 from ..ipc.shm_registry import IPC_HANDLE_SIZE
 from ..logs import get_logger
+from ..server_api import EXTENSIONS, ServerApi
 from . import generate, http_codec, json_offload
 from .http_protocol import BODY_KEY, FORWARDED_KEY, JSON_HEADERS, ReceivedBody, binary_headers
 from .inflate import TooLarge, inflate
@@ -105,9 +105,9 @@ DEFAULT_MAX_INPUT_SIZE = 64 << 20  # --http-max-input-size, as later Triton rele
 
 
 class HttpApp:
-    def __init__(self, dataplane: Dataplane, restrictions: Restrictions | None = None,
+    def __init__(self, api: ServerApi, restrictions: Restrictions | None = None,
                  max_input_size: int = DEFAULT_MAX_INPUT_SIZE):
-        self.dp = dataplane
+        self.api = api
         self.restrictions = restrictions  # --http-restricted-api
         self.max_input_size = max_input_size  # a request body's bytes, as received and as inflated
 
@@ -205,43 +205,43 @@ class HttpApp:
 
     # -- health and metadata ---------------------------------------------------------------
     async def live(self, receive, send) -> None:
-        await _send(send, 200 if self.dp.live() else 400, b"", _TEXT)
+        await _send(send, 200 if self.api.live() else 400, b"", _TEXT)
 
     async def ready(self, receive, send) -> None:
-        await _send(send, 200 if await self.dp.ready() else 400, b"", _TEXT)
+        await _send(send, 200 if await self.api.ready() else 400, b"", _TEXT)
 
     async def server_metadata(self, receive, send) -> None:
-        doc = {"name": self.dp.server_id, "version": __version__, "extensions": EXTENSIONS}
+        doc = {"name": self.api.server_id, "version": __version__, "extensions": EXTENSIONS}
         await _send(send, 200, orjson.dumps(doc))
 
     async def model_metadata(self, receive, send, model: str, version: str | None) -> None:
-        await _send(send, 200, orjson.dumps(self.dp.model_metadata(model, version or "")))
+        await _send(send, 200, orjson.dumps(self.api.model_metadata(model, version or "")))
 
     async def model_ready(self, receive, send, model: str, version: str | None) -> None:
-        if await self.dp.model_ready(model, version or ""):
+        if await self.api.model_ready(model, version or ""):
             await _send(send, 200, b"", _TEXT)
         else:
             await _send(send, 400, _error_body("Model version not ready"), _TEXT)
 
     async def model_config(self, receive, send, model: str, version: str | None) -> None:
-        await _send(send, 200, orjson.dumps(self.dp.model_config(model, version or "")))
+        await _send(send, 200, orjson.dumps(self.api.model_config(model, version or "")))
 
     async def model_stats(self, receive, send, model: str, version: str | None) -> None:
-        await _send(send, 200, orjson.dumps(self.dp.statistics(model, version or "")))
+        await _send(send, 200, orjson.dumps(self.api.statistics(model, version or "")))
 
     async def all_stats(self, receive, send) -> None:
-        await _send(send, 200, orjson.dumps(self.dp.statistics("", "")))
+        await _send(send, 200, orjson.dumps(self.api.statistics("", "")))
 
     # -- the generate extension ----------------------------------------------------------------
     async def _generate_request(self, receive, model: str, version: str | None):
-        mv = self.dp.models.get(model, version or "")  # an unknown model is said before the body is read
+        mv = self.api.models.get(model, version or "")  # an unknown model is said before the body is read
         doc = generate.parse(bytes(await self._read_body(receive)))
         return generate.decode(doc, model, version or "", mv.inputs, mv.max_batch_size)
 
     async def generate(self, receive, send, model: str, version: str | None) -> None:
         request = await self._generate_request(receive, model, version)
         responses = []
-        async for item in self.dp.infer_stream(request):
+        async for item in self.api.infer_stream(request):
             if isinstance(item, ServerError):
                 raise item
             if not item.empty:
@@ -254,7 +254,7 @@ class HttpApp:
     async def generate_stream(self, receive, send, model: str, version: str | None) -> None:
         """Server-sent events, one `data:` line per response; an error ends the stream as an event."""
         request = await self._generate_request(receive, model, version)
-        stream = _with_data(self.dp.infer_stream(request))
+        stream = _with_data(self.api.infer_stream(request))
         try:  # errors before any response still get a status code
             first = await anext(stream, None)
         except ServerError as e:
@@ -275,25 +275,25 @@ class HttpApp:
 
     # -- tracing -----------------------------------------------------------------------------
     async def trace_get(self, receive, send, model: str = "") -> None:
-        await _send(send, 200, orjson.dumps(self.dp.trace_settings(model)))
+        await _send(send, 200, orjson.dumps(self.api.trace_settings(model)))
 
     async def trace_update(self, receive, send, model: str = "") -> None:
         doc = await self._json_body(receive)
-        await _send(send, 200, orjson.dumps(self.dp.update_trace_settings(doc, model)))
+        await _send(send, 200, orjson.dumps(self.api.update_trace_settings(doc, model)))
 
     # -- logging -----------------------------------------------------------------------------
     async def logging_get(self, receive, send) -> None:
-        await _send(send, 200, orjson.dumps(self.dp.log_settings.settings))
+        await _send(send, 200, orjson.dumps(self.api.log_settings.settings))
 
     async def logging_update(self, receive, send) -> None:
-        await _send(send, 200, orjson.dumps(self.dp.log_settings.update(await self._json_body(receive))))
+        await _send(send, 200, orjson.dumps(self.api.log_settings.update(await self._json_body(receive))))
 
     # -- the repository API ------------------------------------------------------------------
     async def repository_index(self, receive, send) -> None:
         ready = (await self._json_body(receive)).get("ready", False)
         if type(ready) is not bool:
             raise wrong_json_type("boolean")
-        await _send(send, 200, orjson.dumps(self.dp.repository_index(ready)))
+        await _send(send, 200, orjson.dumps(self.api.repository_index(ready)))
 
     async def repository_load(self, receive, send, model: str) -> None:
         params = (await self._json_body(receive)).get("parameters") or {}
@@ -307,17 +307,17 @@ class HttpApp:
                 except (binascii.Error, TypeError, ValueError):
                     raise ServerError(f"parameter '{key}' must hold the file's content in base64") from None
             decoded[key] = value
-        await self.dp.load_model(model, decoded)
+        await self.api.load_model(model, decoded)
         await _send(send, 200, b"")
 
     async def repository_unload(self, receive, send, model: str) -> None:
         params = (await self._json_body(receive)).get("parameters") or {}
-        await self.dp.unload_model(model, params if isinstance(params, dict) else {})
+        await self.api.unload_model(model, params if isinstance(params, dict) else {})
         await _send(send, 200, b"")
 
     # -- client shared memory ----------------------------------------------------------------
     async def shm_status(self, receive, send, kind: str, region: str | None) -> None:
-        regions = self.dp.shm.status(region or "", kind)
+        regions = self.api.shm.status(region or "", kind)
         if kind == "system":
             doc = [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size} for r in regions]
         else:
@@ -325,7 +325,7 @@ class HttpApp:
         await _send(send, 200, orjson.dumps(doc))
 
     async def shm_register(self, receive, send, kind: str, region: str) -> None:
-        self.dp.shm.check_allowed()  # before the body is read, as in Triton
+        self.api.shm.check_allowed()  # before the body is read, as in Triton
         doc = await self._json_body(receive)
         if kind == "cuda":
             handle = doc.get("raw_handle")
@@ -338,7 +338,7 @@ class HttpApp:
                                   "registration needs 'raw_handle': {'b64': the 64-byte cudaIpcMemHandle in base64}")
             if not isinstance(doc.get("device_id"), int) or not isinstance(doc.get("byte_size"), int):
                 raise ServerError("a CUDA region registration needs 'device_id' and 'byte_size' (integers)")
-            self.dp.register_cuda_shm(region, raw, doc["device_id"], doc["byte_size"])
+            self.api.register_cuda_shm(region, raw, doc["device_id"], doc["byte_size"])
         else:
             key, offset, size = doc.get("key"), doc.get("offset", 0), doc.get("byte_size")  # Triton's order
             if key is None:
@@ -351,18 +351,18 @@ class HttpApp:
                 raise ServerError("Shared memory register request has no 'byte_size' field")
             if not unsigned(size):
                 raise wrong_json_type("unsigned-integer")
-            self.dp.shm.register(region, key, offset, size)
+            self.api.shm.register(region, key, offset, size)
         await _send(send, 200, b"", _TEXT)
 
     async def shm_unregister(self, receive, send, kind: str, region: str | None) -> None:
         await self._read_body(receive)
-        self.dp.shm.unregister(region or "", kind)
+        self.api.shm.unregister(region or "", kind)
         await _send(send, 200, b"", _TEXT)
 
     # -- inference -------------------------------------------------------------------------
     async def infer(self, scope, receive, send, model: str, version: str) -> None:
         # as in Triton, a request for a model that cannot take it is refused before its body is read
-        mv = self.dp.model_for(model, version, "HTTP end point")
+        mv = self.api.model_for(model, version, "HTTP end point")
         header_length, content_encoding, accept_encoding = self.infer_headers(scope["headers"])
         body = await self._read_body(receive)
         if content_encoding:
@@ -374,7 +374,7 @@ class HttpApp:
         forwarded = scope.get(FORWARDED_KEY)
         if forwarded:  # after the request's own parameters, as in Triton
             request.parameters.update(forwarded)
-        response = await self.dp.infer(request, "HTTP end point")  # looked up again: the body took a while
+        response = await self.api.infer(request, "HTTP end point")  # looked up again: the body took a while
         headers, out = self.encode_infer(response, request, binary_default, accept_encoding)
         await _send(send, 200, out, headers)
 

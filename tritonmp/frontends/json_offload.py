@@ -13,8 +13,8 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from ..core import InferRequest
 from ..errors import internal
+from ..inference import InferRequest
 from . import http_codec
 
 OFFLOAD_BYTES = 1 << 20

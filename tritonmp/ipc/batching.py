@@ -13,8 +13,8 @@ import struct
 from collections.abc import Callable
 
 from .. import datatypes
-from ..core import InferRequest, InferResponse, Tensor
 from ..errors import ServerError, Status
+from ..inference import InferRequest, InferResponse, Tensor
 from . import buffers, transport
 from .arena import Arena
 from .shm_registry import ShmRef

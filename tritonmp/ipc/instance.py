@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..core import InferRequest, InferResponse, Tensor
 from ..errors import ServerError, Status
+from ..inference import InferRequest, InferResponse, Tensor
 from ..logs import get_logger
 from ..observability.stats import ModelStats
 from . import batching, transport

@@ -12,8 +12,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..core import Infer, InferRequest, InferResponse, InferStream, ModelCall, RequestedOutput, Tensor
 from ..errors import ServerError, Status
+from ..inference import Infer, InferRequest, InferResponse, InferStream, ModelCall, RequestedOutput, Tensor
 from ..logs import get_logger
 from ..observability.custom_metrics import CustomMetrics
 from . import transport
@@ -24,7 +24,7 @@ log = get_logger("pool")
 
 @dataclass
 class ModelServices:
-    """What the server lends the models for their own calls: the dataplane's infer (BLS) and
+    """What the server lends the models for their own calls: the server API's infer (BLS) and
     infer_stream (decoupled BLS) and model_call (model control), once it serves the models, and the
     registry of their custom metrics."""
 
@@ -132,7 +132,7 @@ class ModelCalls:
     async def _stream(self, request: InferRequest, answer) -> None:
         """Every response of a decoupled BLS call, as it comes; the last carries the final flag."""
         final = False
-        assert self.services.bls_stream is not None, "the dataplane lends infer_stream with infer"
+        assert self.services.bls_stream is not None, "the server API lends infer_stream with infer"
         async for item in self.services.bls_stream(request):
             if isinstance(item, ServerError):
                 final = item.final

@@ -9,8 +9,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..core import InferRequest
 from ..errors import ServerError, Status
+from ..inference import InferRequest
 from ..observability.stats import ModelStats
 from .busy_poll import BusyPoll
 from .instance import Instance

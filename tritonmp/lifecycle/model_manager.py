@@ -78,8 +78,8 @@ class ModelManager:
         self.models: dict[str, ModelEntry] = {}
         self._retiring: set[asyncio.Task] = set()
         self.retiring: set[ServedVersion] = set()  # replaced or unloaded, finishing their requests
-        # what the models' own calls reach (the dataplane's infer, infer_stream and model_call, lent by
-        # Dataplane.serve_models) and python models' own metric families: one for every model version
+        # what the models' own calls reach (the server API's infer, infer_stream and model_call, lent by
+        # ServerApi.serve_models) and python models' own metric families: one for every model version
         self.services = ModelServices()
         self._startup: dict[str, asyncio.Task] = {}  # loads under way at startup, by model name
 

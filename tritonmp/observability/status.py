@@ -152,14 +152,14 @@ def status(core, system, history: StatusHistory) -> dict:
     rows.sort(key=lambda r: (r["name"], int(r["version"]) if (r.get("version") or "").isdigit() else -1))
     regions = [{"name": r.name, "kind": r.kind, "key": r.key or None, "offset": r.offset, "byte_size": r.byte_size,
                 "device_id": r.device_id if r.kind == "cuda" else None}
-               for r in sorted(core.dataplane.shm.regions.values(), key=lambda r: r.name)]
+               for r in sorted(core.api.shm.regions.values(), key=lambda r: r.name)]
     gpus = [{"index": index, "uuid": values["uuid"], "utilization": values["nv_gpu_utilization"],
              "memory_used_bytes": values["nv_gpu_memory_used_bytes"],
              "memory_total_bytes": values["nv_gpu_memory_total_bytes"]}
             for index, values in sorted(system.gpu_values.items())]
     return {"server": {"id": core.server_id, "version": __version__, "pid": os.getpid(),
                        "started": round(core.started, 3), "uptime_s": round(time.time() - core.started, 1),
-                       "ready": bool(core.dataplane.loaded and models.all_ready()),
+                       "ready": bool(core.api.loaded and models.all_ready()),
                        "model_control": core.model_control, "flags": core.flags},
             "system": {"cpu_utilization": round(system.cpu_utilization, 4) if system.cpu else None,
                        "memory_total_bytes": system.memory[0] if system.cpu else None,

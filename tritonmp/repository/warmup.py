@@ -9,7 +9,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import datatypes
-from ..core import InferRequest, Tensor
+from ..inference import InferRequest, Tensor
 from .problems import ConfigProblem
 
 

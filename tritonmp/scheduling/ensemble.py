@@ -1,5 +1,5 @@
 """Ensembles, run in the frontend: each step is an inference request to a composing model through
-the dataplane, started as soon as the ensemble tensors it needs exist, so independent steps run
+the server API, started as soon as the ensemble tensors it needs exist, so independent steps run
 at the same time. Step outputs feed the next steps without leaving the frontend."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..classification import read_labels
-from ..core import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..errors import ServerError, Status, unsupported
+from ..inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..ipc.model_calls import ModelServices
 from ..logs import get_logger
 from ..observability.stats import ModelStats
@@ -40,7 +40,7 @@ class EnsembleSteps:
         self.steps = list(steps)
         self.stats = ModelStats(name, version)
         self.instances: list = []  # an ensemble has no worker of its own
-        self.services = services  # the dataplane's infer, for the steps
+        self.services = services  # the server API's infer, for the steps
 
     def sent_ahead(self) -> int:
         """An ensemble's requests never wait behind a running batch: none is ever sent ahead."""
@@ -98,7 +98,7 @@ class EnsembleScheduler:
 
 
 class EnsembleVersion:
-    """One version of an ensemble: a ServedVersion for the dataplane, statistics and metrics."""
+    """One version of an ensemble: a ServedVersion for the server API, statistics and metrics."""
 
     backend = "ensemble"
 
@@ -204,5 +204,5 @@ class EnsembleVersion:
         version = str(step.model_version) if step.model_version > 0 else ""
         sub = InferRequest(step.model_name, version, request.id, inputs, outputs, dict(request.parameters))
         infer = self.pool.services.bls
-        assert infer is not None, "the dataplane lends its infer before serving"
+        assert infer is not None, "the server API lends its infer before serving"
         return await infer(sub)

@@ -10,8 +10,8 @@ from collections import OrderedDict
 
 import orjson
 
-from ..core import InferRequest, InferResponse, Tensor
 from ..errors import invalid
+from ..inference import InferRequest, InferResponse, Tensor
 
 
 def _nbytes(data) -> int:

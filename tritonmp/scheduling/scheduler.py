@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..core import InferRequest
 from ..errors import ServerError, Status, invalid, unavailable
+from ..inference import InferRequest
 from ..ipc.pool import InstancePool
 from ..logs import get_logger
 from .precise_timer import PreciseTimer

@@ -17,8 +17,8 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import datatypes
-from ..core import InferRequest, Tensor
 from ..errors import invalid
+from ..inference import InferRequest, Tensor
 from ..ipc.pool import Instance, InstancePool
 from ..logs import get_logger
 from .scheduler import DrainWaiters, end_unserved

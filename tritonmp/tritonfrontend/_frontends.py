@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
-from ..dataplane import EXTENSIONS
 from ..frontends import grpc_server
 from ..frontends.header_forwarding import compile_pattern
 from ..frontends.http2 import Keepalive
@@ -25,7 +24,8 @@ from ..frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpApp
 from ..frontends.restricted import GRPC_HEADER_PREFIX, Restrictions
 from ..observability.metrics import MetricsApp, SystemSampler
 from ..observability.status import StatusHistory
-from ..server_core import ServerCore
+from ..runtime import ServerRuntime
+from ..server_api import EXTENSIONS
 from ..tritonserver import InvalidArgumentError, Server, UnavailableError, UnsupportedError
 
 
@@ -107,7 +107,7 @@ class _Service:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    async def serve(self, core: ServerCore) -> None:
+    async def serve(self, core: ServerRuntime) -> None:
         """Listen and serve, on the running loop (OSError when the port cannot be had)."""
         self._running = await self._start(core)
 
@@ -192,10 +192,10 @@ class KServeHttp(_Service):
         if options.max_input_size <= 0:
             raise InvalidArgumentError("max_input_size must be greater than 0")
 
-    async def _start(self, core: ServerCore):
+    async def _start(self, core: ServerRuntime):
         o = self.options
         restrictions = _restrictions(o.restricted_features, "restricted_features")
-        app = HttpApp(core.dataplane, restrictions, o.max_input_size)
+        app = HttpApp(core.api, restrictions, o.max_input_size)
         return self._serve_asgi(app, o.limits, o.graceful_timeout, max_body=o.max_input_size, fast_app=app,
                                 forward=compile_pattern(o.header_forward_pattern, "header_forward_pattern"))
 
@@ -265,7 +265,7 @@ class KServeGrpc(_Service):
         if options.max_input_size <= 0:
             raise InvalidArgumentError("max_input_size must be greater than 0")
 
-    async def _start(self, core: ServerCore):
+    async def _start(self, core: ServerRuntime):
         o = self.options
         tls = None
         if o.use_ssl:
@@ -278,7 +278,7 @@ class KServeGrpc(_Service):
                               min_ping_interval=o.http2_min_recv_ping_interval_without_data_ms / 1000,
                               max_ping_strikes=o.http2_max_ping_strikes)
         restrictions = _restrictions(o.restricted_features, "restricted_features", GRPC_HEADER_PREFIX)
-        return await grpc_server.start(core.dataplane, EXTENSIONS, o.address, o.port, tls, o.engine, keepalive,
+        return await grpc_server.start(core.api, EXTENSIONS, o.address, o.port, tls, o.engine, keepalive,
                                        o.grpcio_options, restrictions, o.max_input_size,
                                        o.max_connections or default_max_connections(),
                                        compile_pattern(o.forward_header_pattern, "forward_header_pattern"))
@@ -309,7 +309,7 @@ class Metrics(_Service):
         if options.thread_count <= 0:
             raise InvalidArgumentError("thread_count must be greater than 0")
 
-    async def _start(self, core: ServerCore):
+    async def _start(self, core: ServerRuntime):
         if self.server is not None and not self.server.options.metrics:
             raise UnavailableError("metrics are turned off in the server's Options (metrics=False)")
         cpu, gpu, interval = core.metrics_settings

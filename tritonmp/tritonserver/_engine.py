@@ -1,4 +1,4 @@
-"""The in-process server's engine: the same model manager and dataplane the `tritonmp` command
+"""The in-process server's engine: the same model manager and server API the `tritonmp` command
 serves over the network, on an asyncio loop in a thread of its own. Models still run in their
 worker processes; the caller's thread only waits for answers."""
 
@@ -9,15 +9,15 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..core import InferRequest, InferResponse
 from ..errors import ServerError, Status
+from ..inference import InferRequest, InferResponse
 from ..lifecycle.model_version import ServerOptions
 from ..observability.log_settings import LogSettings
+from ..runtime import ServerRuntime
 from ..scheduling.response_cache import ResponseCache
-from ..server_core import ServerCore
 
 
-class Engine(ServerCore):
+class Engine(ServerRuntime):
     """The server's core on an event loop in a thread of its own, for callers in other threads."""
 
     def __init__(self, options: ServerOptions, *, model_control: str, strict_readiness: bool,
@@ -60,10 +60,10 @@ class Engine(ServerCore):
             try:
                 mv = self.models.get(request.model_name, request.model_version)
                 if mv.pool.decoupled:
-                    async for item in self.dataplane.infer_stream(request):
+                    async for item in self.api.infer_stream(request):
                         deliver(item)
                 else:  # one response: no async generator to drive
-                    deliver(await self.dataplane.infer(request))
+                    deliver(await self.api.infer(request))
             except ServerError as e:  # the request failed as a whole: its one, final, answer
                 e.final = True
                 deliver(e)

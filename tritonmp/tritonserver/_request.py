@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import core, datatypes
+from .. import datatypes, inference
 from . import _gpu
 from ._errors import InvalidArgumentError, UnsupportedError
 from ._shared import SharedArrays
@@ -49,7 +49,7 @@ class InferenceRequest:
             _gpu.runtime()  # refused now, where there is no GPU, not in every response
         return gpu
 
-    def _core_request(self) -> core.InferRequest:
+    def _core_request(self) -> inference.InferRequest:
         if not isinstance(self.parameters, dict):
             raise InvalidArgumentError("parameters must be a dict")
         parameters: dict = {}
@@ -68,10 +68,10 @@ class InferenceRequest:
         shared = self.model._server._shared
         inputs = [_core_tensor(name, Tensor._from_object(value), shared) for name, value in self.inputs.items()]
         version = "" if self.model.version in (-1, None) else str(self.model.version)
-        return core.InferRequest(self.model.name, version, self.request_id or "", inputs, None, parameters)
+        return inference.InferRequest(self.model.name, version, self.request_id or "", inputs, None, parameters)
 
 
-def _core_tensor(name: str, tensor: Tensor, shared: SharedArrays) -> core.Tensor:
+def _core_tensor(name: str, tensor: Tensor, shared: SharedArrays) -> inference.Tensor:
     """An input as the core takes it: where a shared array holds it, the place (the worker reads it
     there); else a view of the caller's array (copied only where it is not contiguous). BYTES are
     serialized into Triton's length-prefixed layout; a GPU tensor is copied to the host first."""
@@ -82,10 +82,10 @@ def _core_tensor(name: str, tensor: Tensor, shared: SharedArrays) -> core.Tensor
         if tensor.data_type == DataType.BF16:
             raise UnsupportedError("BF16 tensors are not supported by this server's in-process API yet")
         data = shared.ref(array) or memoryview(np.ascontiguousarray(array)).cast("B")
-    return core.Tensor(name, tensor.data_type.name, [int(d) for d in array.shape], data)
+    return inference.Tensor(name, tensor.data_type.name, [int(d) for d in array.shape], data)
 
 
-def _api_tensor(t: core.Tensor, gpu: int | None = None) -> Tensor:
+def _api_tensor(t: inference.Tensor, gpu: int | None = None) -> Tensor:
     """An output as the API hands it out: a view of the bytes the worker sent (BYTES decoded), or a
     copy of them on GPU `gpu` (BYTES stay in host memory)."""
     data = b"" if t.data is None else t.data

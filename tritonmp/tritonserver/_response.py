@@ -8,7 +8,7 @@ import queue
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .. import core
+from .. import inference
 from ..errors import ServerError
 from ._errors import InternalError, TritonError, from_server_error
 from ._request import _api_tensor
@@ -40,7 +40,7 @@ class _Responses:
         self.gpu = gpu  # outputs are copied to this GPU
         self.sent_final = False
 
-    def convert(self, item: core.InferResponse | ServerError | None) -> InferenceResponse | None:
+    def convert(self, item: inference.InferResponse | ServerError | None) -> InferenceResponse | None:
         if item is None:
             if self.sent_final:
                 return None

@@ -233,17 +233,17 @@ class Server:
 
     # -- the server ------------------------------------------------------------------------
     def live(self) -> bool:
-        return self._call(self._engine.dataplane.live) if self._engine is not None else self._not_started()
+        return self._call(self._engine.api.live) if self._engine is not None else self._not_started()
 
     def ready(self) -> bool:
-        return self._await(self._engine.dataplane.ready) if self._engine is not None else self._not_started()
+        return self._await(self._engine.api.ready) if self._engine is not None else self._not_started()
 
     def _not_started(self):
         raise InvalidArgumentError("Server not started")
 
     def metadata(self) -> dict[str, Any]:
         from .. import __version__
-        from ..dataplane import EXTENSIONS
+        from ..server_api import EXTENSIONS
 
         self._check_started()
         return {"name": self.options.server_id, "version": __version__, "extensions": list(EXTENSIONS)}
@@ -277,7 +277,7 @@ class Server:
 
     def models(self, exclude_not_ready: bool = False) -> ModelDictionary:
         self._check_started()
-        index = self._call(self._engine.dataplane.repository_index, exclude_not_ready)
+        index = self._call(self._engine.api.repository_index, exclude_not_ready)
         models = [Model(self, row["name"], int(row["version"]) if row.get("version") else -1, row.get("state"),
                         row.get("reason")) for row in index]
         return ModelDictionary(self, models)
@@ -286,17 +286,17 @@ class Server:
         """Load (or reload) a model; `parameters` as Triton's: `config` (JSON text) and `file:<path>`
         (bytes). Needs ModelControlMode.EXPLICIT."""
         params = dict(parameters or {})
-        self._await(self._engine.dataplane.load_model, model_name, params)
+        self._await(self._engine.api.load_model, model_name, params)
         return self.model(model_name)
 
     def unload(self, model: str | Model, unload_dependents: bool = False, wait_until_unloaded: bool = False,
                polling_interval: float = 0.1, timeout: float | None = None) -> None:
         name = model.name if isinstance(model, Model) else model
-        self._await(self._engine.dataplane.unload_model, name, {"unload_dependents": unload_dependents})
+        self._await(self._engine.api.unload_model, name, {"unload_dependents": unload_dependents})
         started = time.monotonic()
         while wait_until_unloaded and (timeout is None or time.monotonic() - started < timeout):
             if all(row.get("state") in (None, "UNAVAILABLE") for row in self._call(
-                    self._engine.dataplane.repository_index, False) if row["name"] == name):
+                    self._engine.api.repository_index, False) if row["name"] == name):
                 return
             time.sleep(polling_interval)
 

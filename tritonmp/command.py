@@ -1,4 +1,4 @@
-"""The `tritonmp` command's lifecycle: the server's core (server_core.py) and the HTTP, gRPC and
+"""The `tritonmp` command's lifecycle: the server's runtime (runtime.py) and the HTTP, gRPC and
 metrics services (tritonfrontend's, started through `for_command`), the same as the in-process API
 serves, on the main loop; stop in order on a signal (stop accepting, drain in-flight requests, stop
 workers, unlink shared memory)."""
@@ -18,8 +18,8 @@ from .logs import get_logger
 from .observability.log_settings import LogSettings
 from .observability.sd_notify import Notifier
 from .observability.tracing import Tracer
+from .runtime import ServerRuntime
 from .scheduling.response_cache import ResponseCache
-from .server_core import ServerCore
 from .tritonfrontend._frontends import KServeGrpc, KServeHttp, Metrics
 
 log = get_logger("server")
@@ -67,7 +67,7 @@ def _settle_collector() -> None:
     gc.freeze()
 
 
-class Server:
+class Command:
     def __init__(self, options: ServerOptions, endpoints: Endpoints, strict_readiness: bool = True,
                  exit_on_error: bool = True, exit_timeout: float = 30.0, allow_client_shm: bool = False,
                  model_control: str = "none", load_models: list[str] | None = None, poll_secs: float = 15.0,
@@ -103,7 +103,7 @@ class Server:
                  signal.Signals(signum).name, self.exit_timeout)
         self.stop_requested.set()
 
-    async def _start_frontends(self, core: ServerCore) -> None:
+    async def _start_frontends(self, core: ServerRuntime) -> None:
         """HTTP, metrics and gRPC through tritonfrontend's services, the same as an in-process server's."""
         ep = self.endpoints
         core.metrics_settings = (ep.allow_cpu_metrics, ep.allow_gpu_metrics, ep.metrics_interval)
@@ -136,13 +136,13 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         watchdog = loop.create_task(self.notifier.watchdog())
-        core = ServerCore(self.options, model_control=self.model_control, strict_readiness=self.strict_readiness,
+        core = ServerRuntime(self.options, model_control=self.model_control, strict_readiness=self.strict_readiness,
                           allow_client_shm=self.allow_client_shm, log_settings=self.log_settings,
                           tracer=self.tracer, cache=self.cache, server_id=self.server_id)
         core.flags = self.flags
         await core.build()
-        models, dataplane = core.models, core.dataplane
-        assert models is not None and dataplane is not None, "built just above"
+        models, api = core.models, core.api
+        assert models is not None and api is not None, "built just above"
         poller = None
         code = 0
         try:
@@ -171,7 +171,7 @@ class Server:
             else:
                 load.cancel()
         finally:
-            dataplane.accepting = False  # readiness drops at once, while the frontends drain
+            api.accepting = False  # readiness drops at once, while the frontends drain
             self.notifier.notify("STOPPING=1", "STATUS=finishing requests in flight")
             if poller is not None:
                 poller.cancel()

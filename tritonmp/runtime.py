@@ -1,12 +1,11 @@
-"""The server's core, whatever serves it: the model manager and the dataplane, built, loaded,
-polled and stopped in one way for the `tritonmp` command (tritonmp/server.py) and for the
+"""The server's runtime, whatever serves it: the model manager and the server API, built, loaded,
+polled and stopped in one way for the `tritonmp` command (tritonmp/command.py) and for the
 in-process API (tritonmp/tritonserver)."""
 
 from __future__ import annotations
 
 import time
 
-from .dataplane import Dataplane
 from .frontends import json_offload
 from .ipc import arena
 from .lifecycle.model_manager import ModelManager
@@ -15,40 +14,41 @@ from .logs import get_logger
 from .observability.log_settings import LogSettings
 from .observability.tracing import Tracer
 from .scheduling.response_cache import ResponseCache
+from .server_api import ServerApi
 
 log = get_logger("server")
 
 
-class ServerCore:
+class ServerRuntime:
     def __init__(self, options: ServerOptions, *, model_control: str = "none", strict_readiness: bool = True,
                  allow_client_shm: bool = False, log_settings: LogSettings | None = None,
                  tracer: Tracer | None = None, cache: ResponseCache | None = None, server_id: str = "triton"):
         self.options = options
         self.model_control = model_control
-        self._dataplane_args = (strict_readiness, allow_client_shm, model_control, log_settings, tracer, cache)
+        self._api_args = (strict_readiness, allow_client_shm, model_control, log_settings, tracer, cache)
         self.server_id = server_id
         self.models: ModelManager | None = None
-        self.dataplane: Dataplane | None = None
+        self.api: ServerApi | None = None
         self.fingerprints: dict = {}  # the repositories as the last poll saw them
         self.metrics_settings = (True, True, 2.0)  # CPU figures, GPU figures, seconds between samples
         self.started = time.time()
         self.flags: dict[str, object] = {}  # the settings it was started with, as the status page shows them
 
     async def build(self) -> None:
-        """The model manager and the dataplane (on the loop that will serve them), after removing the
+        """The model manager and the server API (on the loop that will serve them), after removing the
         shared memory a server that died left behind."""
         removed = arena.remove_orphans()
         if removed:
             log.warning("removed %d shared-memory segments left by a server that is gone", len(removed))
         self.models = ModelManager(self.options)
-        self.dataplane = Dataplane(self.models, *self._dataplane_args)
-        self.dataplane.server_id = self.server_id
-        self.dataplane.serve_models()
+        self.api = ServerApi(self.models, *self._api_args)
+        self.api.server_id = self.server_id
+        self.api.serve_models()
 
     async def load_startup(self, names: list[str] | None) -> list[str]:
         """Load every model of the repositories (or the named ones); the failures, one line each."""
         await self.models.load_all(names)
-        self.dataplane.loaded = True
+        self.api.loaded = True
         self.fingerprints = self.models.fingerprints()
         return self.models.failures()
 
@@ -58,6 +58,6 @@ class ServerCore:
 
     async def shutdown(self, deadline: float) -> None:
         """Stop taking requests and stop the models by `deadline` (their shared memory goes too)."""
-        self.dataplane.accepting = False
+        self.api.accepting = False
         await self.models.stop(deadline)
         json_offload.shutdown()

@@ -1,4 +1,4 @@
-"""The protocol-independent core under every frontend: health, metadata, config and inference.
+"""The server API: the protocol-independent core under every frontend: health, metadata, config and inference.
 Validation, scheduling and errors live here once; frontends only decode and encode."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 from collections.abc import AsyncIterator
 
 from .classification import class_count, classify
-from .core import InferRequest, InferResponse
 from .errors import ServerError, invalid, unavailable, unsupported
+from .inference import InferRequest, InferResponse
 from .ipc.shm_registry import SharedMemoryRegistry, ShmRef
 from .lifecycle.model_manager import ModelManager, parse_version
 from .logs import get_logger
@@ -28,7 +28,7 @@ EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "pa
               "model_repository(unload_dependents)", "logging", "trace"]  # Triton lists no "generate" either
 
 
-class Dataplane:
+class ServerApi:
     def __init__(self, models: ModelManager, strict_readiness: bool = True, allow_client_shm: bool = False,
                  model_control: str = "none", log_settings: LogSettings | None = None,
                  tracer: Tracer | None = None, cache: ResponseCache | None = None):
@@ -43,9 +43,9 @@ class Dataplane:
         self.accepting = True  # false once shutdown starts
         self.loaded = False  # true once the startup load has finished
 
-    def serve_models(self) -> Dataplane:
+    def serve_models(self) -> ServerApi:
         """Give the models' own requests (BLS, decoupled BLS, model control from a model) to this
-        dataplane: the one wiring of the server's core, for the command and the in-process API."""
+        server API: the one wiring of the server's core, for the command and the in-process API."""
         services = self.models.services
         services.bls, services.bls_stream, services.control = self.infer, self.infer_stream, self.model_call
         return self

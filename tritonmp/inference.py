@@ -64,7 +64,7 @@ class InferResponse(msgspec.Struct):
     empty: bool = False  # only the final flag: a decoupled model closed its request with no more data
 
 
-# What the dataplane lends the models for their own requests: infer (BLS), infer_stream (decoupled
+# What the server API lends the models for their own requests: infer (BLS), infer_stream (decoupled
 # BLS), and model_call (a python model's is_model_ready, load and unload).
 Infer = Callable[[InferRequest], Awaitable[InferResponse]]
 InferStream = Callable[[InferRequest], AsyncIterator["InferResponse | ServerError"]]
