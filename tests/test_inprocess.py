@@ -551,7 +551,8 @@ def test_kserve_http_grpc_and_metrics_over_an_in_process_server(server):
 
 
 def test_tritonfrontend_takes_the_commands_own_settings(server):
-    """The `tritonmp` command serves through these same services: its flags are their Options."""
+    """The options of this server's own (limits, the gRPC engine) reach the listeners the `tritonmp`
+    command serves too."""
     from conftest import http_request
 
     http_port, grpc_port = free_ports(2)
@@ -568,6 +569,27 @@ def test_tritonfrontend_takes_the_commands_own_settings(server):
             assert grpc.infer("add", inputs).as_numpy("C").tolist() == [[2.0, 2.0, 2.0]]
     with pytest.raises(tritonserver.InvalidArgumentError, match="engine"):
         tritonfrontend.KServeGrpc(server, tritonfrontend.KServeGrpc.Options(engine="netty"))
+
+
+def test_tritonfrontend_restricted_features(server):
+    """RestrictedFeatures as Triton's tritonfrontend takes them: the named groups answer only with the
+    header and value; a feature that names no group is refused when the service is made."""
+    from conftest import http_request
+
+    (http_port,) = free_ports(1)
+    features = tritonfrontend.RestrictedFeatures()
+    features.create_feature_group("admin-key", "secret", ["model-repository", "statistics"])
+    options = tritonfrontend.KServeHttp.Options(port=http_port, restricted_features=features)
+    with tritonfrontend.KServeHttp(server, options):
+        status, _, body = http_request(http_port, "POST", "/v2/repository/index", b"{}")
+        assert status == 403 and b"admin-key" in body
+        status, _, _ = http_request(http_port, "POST", "/v2/repository/index", b"{}", {"admin-key": "secret"})
+        assert status == 200
+        assert http_request(http_port, "GET", "/v2/health/ready")[0] == 200  # not restricted
+    wrong = tritonfrontend.RestrictedFeatures()
+    wrong.create_feature_group("k", "v", ["no-such-group"])
+    with pytest.raises(tritonserver.InvalidArgumentError, match="no-such-group"):
+        tritonfrontend.KServeHttp(server, tritonfrontend.KServeHttp.Options(restricted_features=wrong))
 
 
 PROGRAM = """

@@ -155,8 +155,6 @@ def serve(argv: list[str]) -> int:
                                          GRPC_HEADER_PREFIX)
         max_batch_sizes = triton_flags.default_max_batch_sizes(triton_flags.backend_settings(args.backend_config, log))
         grpcio_options = triton_flags.grpcio_options(args)
-        compile_pattern(args.http_header_forward_pattern, "--http-header-forward-pattern")
-        compile_pattern(args.grpc_header_forward_pattern, "--grpc-header-forward-pattern")
     except ValueError as e:
         log.error("%s", e)
         return 1
@@ -176,20 +174,32 @@ def serve(argv: list[str]) -> int:
         if args.grpc_use_ssl_mutual and not args.grpc_root_cert:
             log.error("--grpc-use-ssl-mutual needs --grpc-root-cert to check client certificates")
             return 1
-    from .command import Command, Endpoints
+    from .command import Command
+    from .frontends.http2 import Keepalive
+    from .frontends.listeners import (
+        GrpcListener,
+        GrpcSettings,
+        HttpListener,
+        HttpSettings,
+        Listener,
+        MetricsListener,
+        MetricsSettings,
+    )
     from .gpus import visible_gpus
-    from .lifecycle.model_version import ServerOptions
-    from .tritonfrontend._frontends import KServeGrpc, KServeHttp, Metrics
+    from .settings import ServerSettings
 
     auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
-    options = ServerOptions(repositories=[os.path.abspath(r) for r in args.model_repository],
-                            workers=args.workers, auto_complete=auto_complete,
-                            arena_bytes=args.arena_mb << 20, log_verbose=args.log_verbose,
-                            exit_timeout=args.exit_timeout_secs, execution_timeout=args.execution_timeout_secs,
-                            load_timeout=args.model_load_timeout_secs,
-                            gpus=visible_gpus(), default_max_batch_sizes=max_batch_sizes,
-                            config_name=args.model_config_name, busy_poll_us=args.busy_poll_us,
-                            heap_retain_bytes=args.worker_heap_retain_mb << 20)
+    settings = ServerSettings(
+        repositories=[os.path.abspath(r) for r in args.model_repository], workers=args.workers,
+        auto_complete=auto_complete, default_max_batch_sizes=max_batch_sizes, config_name=args.model_config_name,
+        gpus=visible_gpus(), arena_bytes=args.arena_mb << 20, log_verbose=args.log_verbose,
+        execution_timeout=args.execution_timeout_secs, load_timeout=args.model_load_timeout_secs,
+        busy_poll_us=args.busy_poll_us, heap_retain_bytes=args.worker_heap_retain_mb << 20,
+        model_control=args.model_control_mode, load_models=args.load_model, poll_secs=args.repository_poll_secs,
+        server_id=args.id, strict_readiness=args.strict_readiness, allow_client_shm=args.allow_client_shm,
+        exit_on_error=args.exit_on_error, exit_timeout=args.exit_timeout_secs,
+        cpu_metrics=args.allow_cpu_metrics, gpu_metrics=args.allow_gpu_metrics,
+        metrics_interval=max(0.1, args.metrics_interval_ms / 1000), flags=given_flags(parser, args))
     from .errors import ServerError
     from .observability.tracing import Tracer, settings_from_flags
     from .scheduling.response_cache import from_flags as cache_from_flags
@@ -205,33 +215,36 @@ def serve(argv: list[str]) -> int:
         return 1
     limits = Limits(args.http_header_timeout_secs, args.http_body_timeout_secs, args.http_keepalive_timeout_secs,
                     args.max_connections)
-    http = KServeHttp.Options(args.http_address, args.http_port, restricted_features=http_restrictions,
-                              header_forward_pattern=args.http_header_forward_pattern,
-                              max_input_size=args.http_max_input_size, limits=limits,
-                              graceful_timeout=args.exit_timeout_secs)
-    grpc = KServeGrpc.Options(
-        args.grpc_address, args.grpc_port, use_ssl=use_ssl, server_cert=args.grpc_server_cert or "",
-        server_key=args.grpc_server_key or "", root_cert=args.grpc_root_cert or "",
-        use_mutual_auth=args.grpc_use_ssl_mutual, keepalive_time_ms=args.grpc_keepalive_time,
-        keepalive_timeout_ms=args.grpc_keepalive_timeout,
-        keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
-        http2_min_recv_ping_interval_without_data_ms=args.grpc_http2_min_recv_ping_interval_without_data,
-        http2_max_ping_strikes=args.grpc_http2_max_ping_strikes, max_connection_age_ms=args.grpc_max_connection_age,
-        max_connection_age_grace_ms=args.grpc_max_connection_age_grace, restricted_features=grpc_restrictions,
-        forward_header_pattern=args.grpc_header_forward_pattern,
-        max_input_size=args.grpc_max_input_size, max_connections=args.max_connections,
-        preface_timeout_s=args.http_header_timeout_secs, engine=args.grpc_engine, grpcio_options=grpcio_options)
-    metrics = Metrics.Options(args.metrics_address, args.metrics_port, limits=limits)
-    endpoints = Endpoints(http if args.allow_http else None, grpc if args.allow_grpc else None,
-                          metrics if args.allow_metrics else None, args.allow_cpu_metrics, args.allow_gpu_metrics,
-                          max(0.1, args.metrics_interval_ms / 1000))
+    tls = None
+    if use_ssl:
+        tls = {"server_cert": args.grpc_server_cert, "server_key": args.grpc_server_key,
+               "root_cert": args.grpc_root_cert or "", "mutual": args.grpc_use_ssl_mutual}
+    keepalive = Keepalive.from_triton_ms(
+        args.grpc_keepalive_time, args.grpc_keepalive_timeout, args.grpc_keepalive_permit_without_calls,
+        args.grpc_max_connection_age, args.grpc_max_connection_age_grace,
+        args.grpc_http2_min_recv_ping_interval_without_data, args.grpc_http2_max_ping_strikes,
+        preface_timeout=args.http_header_timeout_secs)
+    listeners: list[Listener] = []
+    try:
+        if args.allow_http:
+            listeners.append(HttpListener(HttpSettings(
+                args.http_address, args.http_port, restrictions=http_restrictions or None,
+                header_forward=compile_pattern(args.http_header_forward_pattern, "--http-header-forward-pattern"),
+                max_input_size=args.http_max_input_size, limits=limits, graceful_timeout=args.exit_timeout_secs)))
+        if args.allow_metrics:
+            listeners.append(MetricsListener(MetricsSettings(args.metrics_address, args.metrics_port, limits=limits)))
+        if args.allow_grpc:
+            listeners.append(GrpcListener(GrpcSettings(
+                args.grpc_address, args.grpc_port, tls, keepalive, restrictions=grpc_restrictions or None,
+                header_forward=compile_pattern(args.grpc_header_forward_pattern, "--grpc-header-forward-pattern"),
+                max_input_size=args.grpc_max_input_size, max_connections=args.max_connections,
+                engine=args.grpc_engine, grpcio_options=grpcio_options)))
+    except ValueError as e:
+        log.error("%s", e)
+        return 1
 
     async def main() -> int:
-        server = Command(options, endpoints, args.strict_readiness, args.exit_on_error, args.exit_timeout_secs,
-                        args.allow_client_shm, args.model_control_mode, args.load_model,
-                        args.repository_poll_secs, log_settings, tracer, cache, args.id,
-                        flags=given_flags(parser, args))
-        return await server.run()
+        return await Command(settings, listeners, log_settings, tracer, cache).run()
 
     try:
         import uvloop

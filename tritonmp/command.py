@@ -1,7 +1,6 @@
-"""The `tritonmp` command's lifecycle: the server's runtime (runtime.py) and the HTTP, gRPC and
-metrics services (tritonfrontend's, started through `for_command`), the same as the in-process API
-serves, on the main loop; stop in order on a signal (stop accepting, drain in-flight requests, stop
-workers, unlink shared memory)."""
+"""The `tritonmp` command's lifecycle: the server's runtime (runtime.py) and its listeners
+(frontends/listeners.py: HTTP, gRPC, metrics) on the main loop; stop in order on a signal (stop
+accepting, drain in-flight requests, stop workers, unlink shared memory)."""
 
 from __future__ import annotations
 
@@ -9,32 +8,20 @@ import asyncio
 import gc
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any
 
+from .frontends.listeners import Listener
 from .lifecycle.model_manager import ModelManager
-from .lifecycle.model_version import ServerOptions
 from .logs import get_logger
 from .observability.log_settings import LogSettings
 from .observability.sd_notify import Notifier
 from .observability.tracing import Tracer
 from .runtime import ServerRuntime
 from .scheduling.response_cache import ResponseCache
-from .tritonfrontend._frontends import KServeGrpc, KServeHttp, Metrics
+from .server_api import ServerApi
+from .settings import ServerSettings
 
 log = get_logger("server")
-
-
-@dataclass
-class Endpoints:
-    """The network services the command serves, as tritonfrontend's Options (None: turned off)."""
-
-    http: KServeHttp.Options | None = None
-    grpc: KServeGrpc.Options | None = None
-    metrics: Metrics.Options | None = None
-    allow_cpu_metrics: bool = True
-    allow_gpu_metrics: bool = True
-    metrics_interval: float = 2.0
 
 
 def _model_table(models: ModelManager) -> str:
@@ -68,22 +55,10 @@ def _settle_collector() -> None:
 
 
 class Command:
-    def __init__(self, options: ServerOptions, endpoints: Endpoints, strict_readiness: bool = True,
-                 exit_on_error: bool = True, exit_timeout: float = 30.0, allow_client_shm: bool = False,
-                 model_control: str = "none", load_models: list[str] | None = None, poll_secs: float = 15.0,
-                 log_settings: LogSettings | None = None, tracer: Tracer | None = None,
-                 cache: ResponseCache | None = None, server_id: str = "triton", flags: dict | None = None):
-        self.options = options
-        self.flags = flags or {}
-        self.server_id = server_id
-        self.endpoints = endpoints
-        self.strict_readiness = strict_readiness
-        self.exit_on_error = exit_on_error
-        self.exit_timeout = exit_timeout
-        self.allow_client_shm = allow_client_shm
-        self.model_control = model_control
-        self.load_models = load_models or []
-        self.poll_secs = poll_secs
+    def __init__(self, settings: ServerSettings, listeners: list[Listener], log_settings: LogSettings | None = None,
+                 tracer: Tracer | None = None, cache: ResponseCache | None = None):
+        self.settings = settings
+        self.listeners = listeners  # turned-off ones are not listed
         self.log_settings = log_settings or LogSettings()
         self.tracer = tracer or Tracer()
         self.cache = cache
@@ -91,7 +66,7 @@ class Command:
         self.force_stop = asyncio.Event()
         self.signals = 0
         self.notifier = Notifier()
-        self.services: list = []  # tritonfrontend's services, started
+        self.serving: list[Listener] = []  # the listeners started
 
     def _on_signal(self, signum: int) -> None:
         self.signals += 1
@@ -100,33 +75,25 @@ class Command:
             self.force_stop.set()
             return
         log.info("received %s, shutting down: finishing requests in flight for up to %.0fs",
-                 signal.Signals(signum).name, self.exit_timeout)
+                 signal.Signals(signum).name, self.settings.exit_timeout)
         self.stop_requested.set()
 
-    async def _start_frontends(self, core: ServerRuntime) -> None:
-        """HTTP, metrics and gRPC through tritonfrontend's services, the same as an in-process server's."""
-        ep = self.endpoints
-        core.metrics_settings = (ep.allow_cpu_metrics, ep.allow_gpu_metrics, ep.metrics_interval)
-        for cls, options, name in ((KServeHttp, ep.http, "HTTPService"), (Metrics, ep.metrics, "Metrics Service"),
-                                   (KServeGrpc, ep.grpc, "GRPCInferenceService")):
-            if options is not None:
-                service = cls.for_command(options)
-                await service.serve(core)
-                self.services.append(service)
-                log.info("Started %s at %s:%d", name, options.address, options.port)
+    async def _start_listeners(self, api: ServerApi) -> None:
+        for listener in self.listeners:
+            await listener.serve(api)
+            self.serving.append(listener)
+            log.info("Started %s at %s:%d", listener.name, listener.settings.address, listener.settings.port)
 
-    async def _drain_frontends(self, deadline: float) -> bool:
+    async def _drain_listeners(self, deadline: float) -> bool:
         """Stop accepting and let requests in flight finish until the deadline; False when a second
         signal cut that short."""
-        running = [(service, service._running) for service in self.services]
-        draining = asyncio.gather(*(service.drain(deadline) for service in self.services), return_exceptions=True)
+        draining = asyncio.gather(*(listener.drain(deadline) for listener in self.serving), return_exceptions=True)
         forced = asyncio.get_running_loop().create_task(self.force_stop.wait())
         either: list[asyncio.Future[Any]] = [draining, forced]
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if self.force_stop.is_set():
-            for service, handle in running:
-                if handle is not None:
-                    await service.force(handle)
+            for listener in self.serving:
+                await listener.force()
             await draining
         forced.cancel()
         return not self.force_stop.is_set()
@@ -136,23 +103,21 @@ class Command:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         watchdog = loop.create_task(self.notifier.watchdog())
-        core = ServerRuntime(self.options, model_control=self.model_control, strict_readiness=self.strict_readiness,
-                          allow_client_shm=self.allow_client_shm, log_settings=self.log_settings,
-                          tracer=self.tracer, cache=self.cache, server_id=self.server_id)
-        core.flags = self.flags
-        await core.build()
-        models, api = core.models, core.api
+        settings = self.settings
+        runtime = ServerRuntime(settings, log_settings=self.log_settings, tracer=self.tracer, cache=self.cache)
+        await runtime.build()
+        models, api = runtime.models, runtime.api
         assert models is not None and api is not None, "built just above"
         poller = None
         code = 0
         try:
             try:
-                await self._start_frontends(core)
+                await self._start_listeners(api)
             except OSError as e:  # a port in use, an address not on this host, unreadable TLS files
                 log.error("cannot serve: %s", e)
                 return 1
-            names = self.load_models if self.model_control == "explicit" else None
-            load = loop.create_task(core.load_startup(names))
+            names = settings.load_models if settings.model_control == "explicit" else None
+            load = loop.create_task(runtime.load_startup(names))
             stop = loop.create_task(self.stop_requested.wait())
             await asyncio.wait({load, stop}, return_when=asyncio.FIRST_COMPLETED)
             if load.done():
@@ -161,12 +126,12 @@ class Command:
                 _settle_collector()
                 self.notifier.notify("READY=1", "STATUS=serving" + (f"; {len(failures)} model version(s) "
                                                                     "unavailable" if failures else ""))
-                if failures and self.exit_on_error:
+                if failures and settings.exit_on_error:
                     log.error("failed to load all models:\n  %s", "\n  ".join(failures))
                     code = 1
                     self.stop_requested.set()
-                elif self.model_control == "poll":
-                    poller = loop.create_task(models.poll(self.poll_secs, core.fingerprints))
+                elif settings.model_control == "poll":
+                    poller = loop.create_task(models.poll(settings.poll_secs, runtime.fingerprints))
                 await stop
             else:
                 load.cancel()
@@ -175,10 +140,10 @@ class Command:
             self.notifier.notify("STOPPING=1", "STATUS=finishing requests in flight")
             if poller is not None:
                 poller.cancel()
-            deadline = time.monotonic() + self.exit_timeout
-            if not await self._drain_frontends(deadline):
+            deadline = time.monotonic() + settings.exit_timeout
+            if not await self._drain_listeners(deadline):
                 deadline = time.monotonic()  # a second signal: stop workers now, still cleaning up
-            await core.shutdown(deadline)
+            await runtime.shutdown(deadline)
             self.tracer.flush()
             watchdog.cancel()
             self.notifier.close()

@@ -1,38 +1,30 @@
-"""The server's runtime, whatever serves it: the model manager and the server API, built, loaded,
-polled and stopped in one way for the `tritonmp` command (tritonmp/command.py) and for the
-in-process API (tritonmp/tritonserver)."""
+"""The server's runtime, whatever serves it: the model manager and the server API, built from the
+server's settings, loaded, polled and stopped in one way for the `tritonmp` command
+(tritonmp/command.py) and for the in-process API (tritonmp/tritonserver)."""
 
 from __future__ import annotations
-
-import time
 
 from .frontends import json_offload
 from .ipc import arena
 from .lifecycle.model_manager import ModelManager
-from .lifecycle.model_version import ServerOptions
 from .logs import get_logger
 from .observability.log_settings import LogSettings
 from .observability.tracing import Tracer
 from .scheduling.response_cache import ResponseCache
 from .server_api import ServerApi
+from .settings import ServerSettings
 
 log = get_logger("server")
 
 
 class ServerRuntime:
-    def __init__(self, options: ServerOptions, *, model_control: str = "none", strict_readiness: bool = True,
-                 allow_client_shm: bool = False, log_settings: LogSettings | None = None,
-                 tracer: Tracer | None = None, cache: ResponseCache | None = None, server_id: str = "triton"):
-        self.options = options
-        self.model_control = model_control
-        self._api_args = (strict_readiness, allow_client_shm, model_control, log_settings, tracer, cache)
-        self.server_id = server_id
+    def __init__(self, settings: ServerSettings, *, log_settings: LogSettings | None = None,
+                 tracer: Tracer | None = None, cache: ResponseCache | None = None):
+        self.settings = settings
+        self._services = (log_settings, tracer, cache)
         self.models: ModelManager | None = None
         self.api: ServerApi | None = None
         self.fingerprints: dict = {}  # the repositories as the last poll saw them
-        self.metrics_settings = (True, True, 2.0)  # CPU figures, GPU figures, seconds between samples
-        self.started = time.time()
-        self.flags: dict[str, object] = {}  # the settings it was started with, as the status page shows them
 
     async def build(self) -> None:
         """The model manager and the server API (on the loop that will serve them), after removing the
@@ -40,9 +32,8 @@ class ServerRuntime:
         removed = arena.remove_orphans()
         if removed:
             log.warning("removed %d shared-memory segments left by a server that is gone", len(removed))
-        self.models = ModelManager(self.options)
-        self.api = ServerApi(self.models, *self._api_args)
-        self.api.server_id = self.server_id
+        self.models = ModelManager(self.settings)
+        self.api = ServerApi(self.models, *self._services)
         self.api.serve_models()
 
     async def load_startup(self, names: list[str] | None) -> list[str]:

@@ -29,17 +29,15 @@ EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "pa
 
 
 class ServerApi:
-    def __init__(self, models: ModelManager, strict_readiness: bool = True, allow_client_shm: bool = False,
-                 model_control: str = "none", log_settings: LogSettings | None = None,
+    def __init__(self, models: ModelManager, log_settings: LogSettings | None = None,
                  tracer: Tracer | None = None, cache: ResponseCache | None = None):
         self.models = models
-        self.server_id = "triton"  # --id: the name in the server's metadata
+        self.settings = models.settings  # the server's, which the model manager was built from
         self.cache = cache
         self.tracer = tracer or Tracer()
         self.log_settings = log_settings or LogSettings()
-        self.model_control = model_control
-        self.shm = SharedMemoryRegistry(allow_client_shm)
-        self.strict_readiness = strict_readiness
+        self.shm = SharedMemoryRegistry(self.settings.allow_client_shm)
+        self.started = time.time()
         self.accepting = True  # false once shutdown starts
         self.loaded = False  # true once the startup load has finished
 
@@ -58,7 +56,7 @@ class ServerApi:
         model version loaded and able to serve now (see model_ready), as Triton's strict readiness."""
         if not (self.accepting and self.loaded):
             return False
-        if not self.strict_readiness:
+        if not self.settings.strict_readiness:
             return True
         if not self.models.all_ready():
             return False
@@ -119,14 +117,14 @@ class ServerApi:
         return {"model_stats": [mv.pool.stats.to_json() for mv in versions]}
 
     def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
-        self.shm.register_cuda(name, raw_handle, device_id, byte_size, self.models.options.gpus)
+        self.shm.register_cuda(name, raw_handle, device_id, byte_size, self.settings.gpus)
 
     # -- the repository API ------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict]:
         return self.models.index(ready_only)
 
     def _check_explicit(self) -> None:
-        if self.model_control != "explicit":
+        if self.settings.model_control != "explicit":
             raise unavailable("explicit model load / unload is not allowed if polling is enabled; start the "
                               "server with --model-control-mode=explicit to load and unload models")
 

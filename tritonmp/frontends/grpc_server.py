@@ -76,7 +76,8 @@ class InferenceService:
         return pb.ModelReadyResponse(ready=await self.api.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request):
-        return pb.ServerMetadataResponse(name=self.api.server_id, version=__version__, extensions=self.extensions)
+        return pb.ServerMetadataResponse(name=self.api.settings.server_id, version=__version__,
+                                         extensions=self.extensions)
 
     async def ModelMetadata(self, request):
         meta = self.api.model_metadata(request.name, request.version)

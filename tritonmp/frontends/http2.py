@@ -163,6 +163,15 @@ class Keepalive:
     min_ping_interval: float = 300.0
     max_ping_strikes: int = 2
 
+    @classmethod
+    def from_triton_ms(cls, time_ms: float, timeout_ms: float, permit_without_calls: bool, max_age_ms: float,
+                       max_age_grace_ms: float, min_recv_ping_interval_ms: float, max_ping_strikes: int,
+                       preface_timeout: float) -> Keepalive:
+        """From Triton's gRPC keepalive settings, which count milliseconds (its flags and the
+        tritonfrontend Options alike)."""
+        return cls(time_ms / 1000, timeout_ms / 1000, permit_without_calls, max_age_ms / 1000, max_age_grace_ms / 1000,
+                   preface_timeout, min_recv_ping_interval_ms / 1000, max_ping_strikes)
+
 
 KEEPALIVE_PING = b"tmp-keep"  # the opaque data of the server's own keepalive PINGs
 

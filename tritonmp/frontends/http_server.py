@@ -211,7 +211,7 @@ class HttpApp:
         await _send(send, 200 if await self.api.ready() else 400, b"", _TEXT)
 
     async def server_metadata(self, receive, send) -> None:
-        doc = {"name": self.api.server_id, "version": __version__, "extensions": EXTENSIONS}
+        doc = {"name": self.api.settings.server_id, "version": __version__, "extensions": EXTENSIONS}
         await _send(send, 200, orjson.dumps(doc))
 
     async def model_metadata(self, receive, send, model: str, version: str | None) -> None:

@@ -31,7 +31,8 @@ import asyncio
 import os
 import time
 
-DEFAULT_US = 500
+from ..settings import DEFAULT_BUSY_POLL_US
+
 EMPTY_TURN_NS = 5_000  # a turn of the loop this short since the last poll found nothing to do
 
 
@@ -40,7 +41,7 @@ class BusyPoll:
 
     __slots__ = ("window_ns", "until", "_loop", "_polling", "_last")
 
-    def __init__(self, window_us: int = DEFAULT_US):
+    def __init__(self, window_us: int = DEFAULT_BUSY_POLL_US):
         if window_us < 0:
             raise ValueError(f"the busy-poll window must be 0 or more microseconds, got {window_us}")
         self.window_ns = window_us * 1000

@@ -19,7 +19,8 @@ from ..repository import config as cfg
 from ..repository.problems import ConfigProblem
 from ..scheduling.ensemble import EnsembleVersion
 from ..served import ServedVersion
-from .model_version import ModelVersion, ServerOptions, instance_specs
+from ..settings import ServerSettings
+from .model_version import ModelVersion, instance_specs
 
 log = get_logger("models")
 
@@ -72,9 +73,9 @@ def valid_model_name(name: str) -> bool:
 class ModelManager:
     """Loads, reloads and unloads models; `models` maps a name to what is served under it."""
 
-    def __init__(self, options: ServerOptions):
-        self.options = options
-        self.busy_poll = BusyPoll(options.busy_poll_us)  # one window for the server's loop
+    def __init__(self, settings: ServerSettings):
+        self.settings = settings
+        self.busy_poll = BusyPoll(settings.busy_poll_us)  # one window for the server's loop
         self.models: dict[str, ModelEntry] = {}
         self._retiring: set[asyncio.Task] = set()
         self.retiring: set[ServedVersion] = set()  # replaced or unloaded, finishing their requests
@@ -87,7 +88,7 @@ class ModelManager:
     def discover(self) -> dict[str, list[str]]:
         """Model name -> the directories that hold a model of that name, repository order."""
         found: dict[str, list[str]] = {}
-        for repo in self.options.repositories:
+        for repo in self.settings.repositories:
             try:
                 names = sorted(os.listdir(repo))
             except OSError as e:
@@ -116,7 +117,7 @@ class ModelManager:
         """A load failure as clients see it: Triton's `failed to load '<name>', ` first (clients
         match on it), and no path of this server's file system (paths inside a repository are
         given from the repository, an uploaded model's from its own directory)."""
-        for root in sorted([*self.options.repositories, files_dir], key=len, reverse=True):
+        for root in sorted([*self.settings.repositories, files_dir], key=len, reverse=True):
             if root:
                 message = message.replace(os.path.abspath(root).rstrip(os.sep) + os.sep, "")
         prefix = f"failed to load '{name}'"
@@ -208,10 +209,10 @@ class ModelManager:
         """The versions of a model, loaded and READY; else a ServerError, with each version that failed
         to start and why in `failed`."""
         try:
-            completed = cfg.load(path, self.options.auto_complete, override, self.options.default_max_batch_sizes,
-                                 self.options.config_name)
+            completed = cfg.load(path, self.settings.auto_complete, override, self.settings.default_max_batch_sizes,
+                                 self.settings.config_name)
             specs = [] if completed.backend == "ensemble" else \
-                instance_specs(completed.config, self.options.workers, self.options.gpus, completed.backend)
+                instance_specs(completed.config, self.settings.workers, self.settings.gpus, completed.backend)
         except (ConfigProblem, LoadError) as e:
             raise invalid(f"load failed for model '{name}': {e}") from None
         versions = cfg.version_is_wanted(completed.config, completed.versions)
@@ -223,7 +224,7 @@ class ModelManager:
                 new[v] = EnsembleVersion(name, v, completed, self, self.services)
         else:
             for v in versions:
-                new[v] = ModelVersion(name, v, completed, specs, self.options, self.services, self.busy_poll)
+                new[v] = ModelVersion(name, v, completed, specs, self.settings, self.services, self.busy_poll)
         await asyncio.gather(*(mv.load() for mv in new.values()))
         failed.update({mv.version: mv.reason for mv in new.values() if mv.state != "READY"})
         if failed:
@@ -236,7 +237,7 @@ class ModelManager:
         self.retiring.update(versions)
 
         async def retire():
-            await asyncio.gather(*(mv.retire(self.options.exit_timeout) for mv in versions))
+            await asyncio.gather(*(mv.retire(self.settings.exit_timeout) for mv in versions))
             self.retiring.difference_update(versions)
             if files_dir:
                 shutil.rmtree(files_dir, ignore_errors=True)

@@ -1,5 +1,5 @@
 """One served version of a model: its instance pool of worker processes and the scheduler that
-feeds it, built from its configuration and the server's settings (ServerOptions); loaded, retired
+feeds it, built from its configuration and the server's settings (ServerSettings); loaded, retired
 (finishing its requests), stopped."""
 
 from __future__ import annotations
@@ -7,13 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, field
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..classification import read_labels
 from ..errors import unavailable
-from ..ipc.busy_poll import DEFAULT_US as DEFAULT_BUSY_POLL_US
 from ..ipc.busy_poll import BusyPoll
 from ..ipc.pool import NO_BUSY_POLL, InstancePool, InstanceSpec, LoadError, ModelServices, PoolSettings
 from ..logs import get_logger
@@ -22,32 +20,15 @@ from ..repository.gpu_support import gpu_capable, why_not
 from ..repository.warmup import warmup_requests
 from ..scheduling.scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
 from ..scheduling.sequence import SequenceScheduler
+from ..settings import ServerSettings
 from ..validation import TensorConfig
 
 log = get_logger("models")
 
 
-@dataclass
-class ServerOptions:
-    repositories: list[str]
-    workers: str = "auto"  # "auto" or a count
-    auto_complete: bool = True
-    arena_bytes: int = 64 << 20
-    log_verbose: int = 0
-    exit_timeout: float = 30.0
-    execution_timeout: float = 0.0
-    load_timeout: float = 0.0
-    gpus: list[int] = field(default_factory=list)
-    # --backend-config default-max-batch-size: backend ("" for all) -> max_batch_size of auto-complete
-    default_max_batch_sizes: dict[str, int] = field(default_factory=dict)
-    config_name: str = ""  # --model-config-name: read configs/NAME.pbtxt where a model has one
-    busy_poll_us: int = DEFAULT_BUSY_POLL_US  # --busy-poll-us: the loop polls this long after a batch
-    heap_retain_bytes: int = 1 << 30  # --worker-heap-retain-mb: freed memory a worker keeps for reuse
-
-
 class ModelVersion:
     def __init__(self, name: str, version: int, completed: cfg.Completed, specs: list[InstanceSpec],
-                 options: ServerOptions, services: ModelServices, poll: BusyPoll = NO_BUSY_POLL):
+                 settings: ServerSettings, services: ModelServices, poll: BusyPoll = NO_BUSY_POLL):
         self.name = name
         self.version = version
         self.config = completed.config
@@ -62,13 +43,13 @@ class ModelVersion:
         self.outputs = {t.name: cfg.tensor_datatype(t) for t in c.output}
         self.config_json = cfg.to_json(c)
         self.labels = read_labels(completed.model_dir, c)
-        settings = PoolSettings(
-            arena_bytes=options.arena_bytes, log_verbose=options.log_verbose, gpus=options.gpus,
-            execution_timeout=_execution_timeout(c, options.execution_timeout), load_timeout=options.load_timeout,
-            heap_retain_bytes=options.heap_retain_bytes, busy_poll=poll,
+        pool_settings = PoolSettings(
+            arena_bytes=settings.arena_bytes, log_verbose=settings.log_verbose, gpus=settings.gpus,
+            execution_timeout=_execution_timeout(c, settings.execution_timeout), load_timeout=settings.load_timeout,
+            heap_retain_bytes=settings.heap_retain_bytes, busy_poll=poll,
             decoupled=c.model_transaction_policy.decoupled, warmup=warmup_requests(c, completed.model_dir))
         self.pool = InstancePool(name, version, completed.model_dir, completed.backend, json.dumps(self.config_json),
-                                 specs, self.outputs, settings, services, self._crash_looped)
+                                 specs, self.outputs, pool_settings, services, self._crash_looped)
         db = c.dynamic_batching if c.HasField("dynamic_batching") else None
         policy = BatchPolicy(c.max_batch_size, db is not None,
                              list(db.preferred_batch_size) if db else [],

@@ -136,9 +136,10 @@ def _version(mv, history: StatusHistory) -> dict:
             "batch_sizes": batches, "window": window, "series": points}
 
 
-def status(core, system, history: StatusHistory) -> dict:
-    """The whole status document."""
-    models = core.models
+def status(api, system, history: StatusHistory) -> dict:
+    """The whole status document, of the server API `api` (its models, settings and shared memory)."""
+    models = api.models
+    settings = api.settings
     rows = []
     shown = set()
     for _, entry in sorted(models.models.items()):
@@ -152,15 +153,15 @@ def status(core, system, history: StatusHistory) -> dict:
     rows.sort(key=lambda r: (r["name"], int(r["version"]) if (r.get("version") or "").isdigit() else -1))
     regions = [{"name": r.name, "kind": r.kind, "key": r.key or None, "offset": r.offset, "byte_size": r.byte_size,
                 "device_id": r.device_id if r.kind == "cuda" else None}
-               for r in sorted(core.api.shm.regions.values(), key=lambda r: r.name)]
+               for r in sorted(api.shm.regions.values(), key=lambda r: r.name)]
     gpus = [{"index": index, "uuid": values["uuid"], "utilization": values["nv_gpu_utilization"],
              "memory_used_bytes": values["nv_gpu_memory_used_bytes"],
              "memory_total_bytes": values["nv_gpu_memory_total_bytes"]}
             for index, values in sorted(system.gpu_values.items())]
-    return {"server": {"id": core.server_id, "version": __version__, "pid": os.getpid(),
-                       "started": round(core.started, 3), "uptime_s": round(time.time() - core.started, 1),
-                       "ready": bool(core.api.loaded and models.all_ready()),
-                       "model_control": core.model_control, "flags": core.flags},
+    return {"server": {"id": settings.server_id, "version": __version__, "pid": os.getpid(),
+                       "started": round(api.started, 3), "uptime_s": round(time.time() - api.started, 1),
+                       "ready": bool(api.loaded and models.all_ready()),
+                       "model_control": settings.model_control, "flags": settings.flags},
             "system": {"cpu_utilization": round(system.cpu_utilization, 4) if system.cpu else None,
                        "memory_total_bytes": system.memory[0] if system.cpu else None,
                        "memory_used_bytes": system.memory[1] if system.cpu else None, "gpus": gpus},

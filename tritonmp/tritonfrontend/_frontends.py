@@ -1,31 +1,31 @@
-"""The network services: KServe HTTP/REST, KServe gRPC, and metrics, over an in-process server
-(Triton's tritonfrontend API) and, through the same classes, for the `tritonmp` command
-(tritonmp/server.py), which serves them on its own event loop (`for_command`, `serve`, `drain`).
+"""Triton's tritonfrontend API over an in-process server: `KServeHttp`, `KServeGrpc` and `Metrics`
+take Triton's Options, check them as Triton does, and serve through the server's own listeners
+(frontends/listeners.py), the same the `tritonmp` command serves.
 
 Their Options are Triton's, plus a few of this server's own with defaults (HTTP limits, input
-size limits, the gRPC engine), which the command sets from its flags."""
+size limits, the gRPC engine)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import enum
-import socket
 import time
 from dataclasses import dataclass, field
-
-import uvicorn
 
 from ..frontends import grpc_server
 from ..frontends.header_forwarding import compile_pattern
 from ..frontends.http2 import Keepalive
-from ..frontends.http_protocol import Limits, default_max_connections, protocol_class
-from ..frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpApp
+from ..frontends.http_protocol import Limits
+from ..frontends.http_server import DEFAULT_MAX_INPUT_SIZE
+from ..frontends.listeners import (
+    GrpcListener,
+    GrpcSettings,
+    HttpListener,
+    HttpSettings,
+    Listener,
+    MetricsListener,
+    MetricsSettings,
+)
 from ..frontends.restricted import GRPC_HEADER_PREFIX, Restrictions
-from ..observability.metrics import MetricsApp, SystemSampler
-from ..observability.status import StatusHistory
-from ..runtime import ServerRuntime
-from ..server_api import EXTENSIONS
 from ..tritonserver import InvalidArgumentError, Server, UnavailableError, UnsupportedError
 
 
@@ -51,16 +51,9 @@ class RestrictedFeatures:
             raise InvalidArgumentError(str(e)) from None
 
 
-def _restrictions(features, flag: str, header_prefix: str = "") -> Restrictions | None:
-    """RestrictedFeatures as the frontends take them (the command passes its flags' Restrictions)."""
-    if isinstance(features, Restrictions):
-        return features
-    return features._restrictions(flag, header_prefix)
-
-
 class _Service:
-    """A network service over the server's core: `serve` and `drain` on the core's loop; `start`,
-    `stop` and use as a context manager from the in-process server's caller."""
+    """A network service of an in-process server: `start`, `stop` and use as a context manager,
+    from the caller's thread; the listener runs on the server's loop."""
 
     def __init__(self, server: Server, options):
         if not isinstance(server, Server):
@@ -68,18 +61,16 @@ class _Service:
         if not isinstance(options, self.Options):
             raise InvalidArgumentError(f"Incorrect type for options. options argument must be of type "
                                        f"{type(self).__name__}.Options")
-        self._check(options)
         self.server = server
         self.options = options
-        self._running = None
+        try:
+            self._listener = self._listener_for(options)
+        except ValueError as e:
+            raise InvalidArgumentError(str(e)) from None
 
-    @classmethod
-    def for_command(cls, options):
-        """The service for the `tritonmp` command, which serves it on its own loop."""
-        service = cls.__new__(cls)
-        cls._check(options)
-        service.server, service.options, service._running = None, options, None
-        return service
+    @staticmethod
+    def _listener_for(options) -> Listener:
+        raise NotImplementedError
 
     def _engine(self):
         if self.server._engine is None:
@@ -87,18 +78,18 @@ class _Service:
         return self.server._engine
 
     def start(self) -> None:
-        if self._running is not None:
+        if self._listener.serving:
             raise InvalidArgumentError(f"{type(self).__name__} is already started")
         engine = self._engine()
         try:
-            engine.call(self.serve(engine))
+            engine.call(self._listener.serve(engine.api))
         except OSError as e:  # a port in use, an address not on this host
             raise UnavailableError(f"{type(self).__name__} cannot listen on {self.options.address}:"
                                    f"{self.options.port}: {e}") from None
 
     def stop(self) -> None:
-        if self._running is not None and self.server._engine is not None:
-            self.server._engine.call(self.drain(time.monotonic()))
+        if self._listener.serving and self.server._engine is not None:
+            self.server._engine.call(self._listener.drain(time.monotonic()))
 
     def __enter__(self):
         self.start()
@@ -107,59 +98,10 @@ class _Service:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    async def serve(self, core: ServerRuntime) -> None:
-        """Listen and serve, on the running loop (OSError when the port cannot be had)."""
-        self._running = await self._start(core)
 
-    async def drain(self, deadline: float) -> None:
-        """Stop accepting; requests in flight may finish until `deadline` (time.monotonic())."""
-        running, self._running = self._running, None
-        if running is not None:
-            await self._stop(running, deadline)
-
-    async def force(self, running) -> None:
-        """Cut a drain short: what is still open closes now."""
-
-    def _socket(self) -> socket.socket:
-        sock = socket.socket(socket.AF_INET6 if ":" in self.options.address else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if self.options.reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((self.options.address, self.options.port))
-        sock.listen(4096)
-        return sock
-
-    def _serve_asgi(self, app, limits: Limits, graceful_timeout: float | None = None, max_body: int = 0,
-                    fast_app=None, forward=None) -> tuple[uvicorn.Server, asyncio.Task]:
-        config = uvicorn.Config(app, loop="none", http=protocol_class(limits, max_body, fast_app, forward),
-                                lifespan="off",
-                                access_log=False, server_header=False,  # Triton sends no Server header either
-                                log_level="warning", timeout_keep_alive=limits.keepalive_timeout,
-                                timeout_graceful_shutdown=graceful_timeout)
-        server = _Uvicorn(config)
-        return server, asyncio.get_running_loop().create_task(server.serve(sockets=[self._socket()]))
-
-    @staticmethod
-    async def _stop_asgi(running, deadline: float) -> None:
-        server, task = running[:2]
-        server.should_exit = True
-        await task
-
-    @staticmethod
-    def _check(options) -> None:
-        if not 0 <= options.port <= 65535:
-            raise InvalidArgumentError(f"port must be between 0 and 65535, got {options.port}")
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn without signal handling of its own: the program's signals stay the program's."""
-
-    def install_signal_handlers(self) -> None:
-        pass
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield
+def _thread_count(options) -> None:
+    if options.thread_count <= 0:
+        raise ValueError("thread_count must be greater than 0")
 
 
 class KServeHttp(_Service):
@@ -170,7 +112,7 @@ class KServeHttp(_Service):
         reuse_port: bool = False
         thread_count: int = 8  # requests are served on one asyncio loop; kept for Triton's signature
         header_forward_pattern: str = ""
-        restricted_features: RestrictedFeatures | Restrictions = field(default_factory=RestrictedFeatures)
+        restricted_features: RestrictedFeatures = field(default_factory=RestrictedFeatures)
         # this server's own: the largest request body, connection deadlines and limits, and how long
         # requests in flight may finish once the service stops (None: as long as they take)
         max_input_size: int = DEFAULT_MAX_INPUT_SIZE
@@ -181,28 +123,13 @@ class KServeHttp(_Service):
         super().__init__(server, options or KServeHttp.Options())
 
     @staticmethod
-    def _check(options) -> None:
-        _Service._check(options)
-        if options.thread_count <= 0:
-            raise InvalidArgumentError("thread_count must be greater than 0")
-        try:
-            compile_pattern(options.header_forward_pattern, "header_forward_pattern")
-        except ValueError as e:
-            raise InvalidArgumentError(str(e)) from None
-        if options.max_input_size <= 0:
-            raise InvalidArgumentError("max_input_size must be greater than 0")
-
-    async def _start(self, core: ServerRuntime):
-        o = self.options
-        restrictions = _restrictions(o.restricted_features, "restricted_features")
-        app = HttpApp(core.api, restrictions, o.max_input_size)
-        return self._serve_asgi(app, o.limits, o.graceful_timeout, max_body=o.max_input_size, fast_app=app,
-                                forward=compile_pattern(o.header_forward_pattern, "header_forward_pattern"))
-
-    _stop = staticmethod(_Service._stop_asgi)
-
-    async def force(self, running) -> None:
-        running[0].force_exit = True
+    def _listener_for(options) -> Listener:
+        _thread_count(options)
+        return HttpListener(HttpSettings(
+            options.address, options.port, options.reuse_port,
+            options.restricted_features._restrictions("restricted_features"),
+            compile_pattern(options.header_forward_pattern, "header_forward_pattern"),
+            options.max_input_size, options.limits, options.graceful_timeout))
 
 
 class KServeGrpc(_Service):
@@ -234,7 +161,7 @@ class KServeGrpc(_Service):
         infer_compression_level: int = 0
         infer_allocation_pool_size: int = 8
         forward_header_pattern: str = ""
-        restricted_features: RestrictedFeatures | Restrictions = field(default_factory=RestrictedFeatures)
+        restricted_features: RestrictedFeatures = field(default_factory=RestrictedFeatures)
         # this server's own: the largest request message, open connections (0: half the file
         # descriptors allowed), how long a new connection has for HTTP/2's preface, and the engine
         # ("builtin", or "grpcio" with grpc.aio server options)
@@ -248,47 +175,27 @@ class KServeGrpc(_Service):
         super().__init__(server, options or KServeGrpc.Options())
 
     @staticmethod
-    def _check(options) -> None:
-        _Service._check(options)
-        if options.reuse_port:
+    def _listener_for(options) -> Listener:
+        o = options
+        if o.reuse_port:
             raise UnsupportedError("reuse_port: the gRPC service binds its port alone in this server")
-        try:
-            compile_pattern(options.forward_header_pattern, "forward_header_pattern")
-        except ValueError as e:
-            raise InvalidArgumentError(str(e)) from None
-        if int(options.infer_compression_level) != 0:
+        if int(o.infer_compression_level) != 0:
             raise UnsupportedError("infer_compression_level: responses are not compressed by this server")
-        if options.use_ssl and not (options.server_cert and options.server_key):
-            raise InvalidArgumentError("use_ssl needs server_cert and server_key")
-        if options.engine not in ("builtin", "grpcio"):
-            raise InvalidArgumentError(f"engine must be 'builtin' or 'grpcio', got {options.engine!r}")
-        if options.max_input_size <= 0:
-            raise InvalidArgumentError("max_input_size must be greater than 0")
-
-    async def _start(self, core: ServerRuntime):
-        o = self.options
+        if o.use_ssl and not (o.server_cert and o.server_key):
+            raise ValueError("use_ssl needs server_cert and server_key")
         tls = None
         if o.use_ssl:
             tls = {"server_cert": o.server_cert, "server_key": o.server_key, "root_cert": o.root_cert,
                    "mutual": o.use_mutual_auth}
-        keepalive = Keepalive(time=o.keepalive_time_ms / 1000, timeout=o.keepalive_timeout_ms / 1000,
-                              without_calls=o.keepalive_permit_without_calls, max_age=o.max_connection_age_ms / 1000,
-                              max_age_grace=o.max_connection_age_grace_ms / 1000,
-                              preface_timeout=o.preface_timeout_s,
-                              min_ping_interval=o.http2_min_recv_ping_interval_without_data_ms / 1000,
-                              max_ping_strikes=o.http2_max_ping_strikes)
-        restrictions = _restrictions(o.restricted_features, "restricted_features", GRPC_HEADER_PREFIX)
-        return await grpc_server.start(core.api, EXTENSIONS, o.address, o.port, tls, o.engine, keepalive,
-                                       o.grpcio_options, restrictions, o.max_input_size,
-                                       o.max_connections or default_max_connections(),
-                                       compile_pattern(o.forward_header_pattern, "forward_header_pattern"))
-
-    @staticmethod
-    async def _stop(running, deadline: float) -> None:
-        await running.stop(max(0.0, deadline - time.monotonic()))
-
-    async def force(self, running) -> None:
-        await running.stop(0)
+        keepalive = Keepalive.from_triton_ms(
+            o.keepalive_time_ms, o.keepalive_timeout_ms, o.keepalive_permit_without_calls, o.max_connection_age_ms,
+            o.max_connection_age_grace_ms, o.http2_min_recv_ping_interval_without_data_ms, o.http2_max_ping_strikes,
+            preface_timeout=o.preface_timeout_s)
+        return GrpcListener(GrpcSettings(
+            o.address, o.port, tls, keepalive, o.restricted_features._restrictions("restricted_features",
+                                                                                   GRPC_HEADER_PREFIX),
+            compile_pattern(o.forward_header_pattern, "forward_header_pattern"), o.max_input_size,
+            o.max_connections, o.engine, o.grpcio_options))
 
 
 class Metrics(_Service):
@@ -304,24 +211,11 @@ class Metrics(_Service):
         super().__init__(server, options or Metrics.Options())
 
     @staticmethod
-    def _check(options) -> None:
-        _Service._check(options)
-        if options.thread_count <= 0:
-            raise InvalidArgumentError("thread_count must be greater than 0")
+    def _listener_for(options) -> Listener:
+        _thread_count(options)
+        return MetricsListener(MetricsSettings(options.address, options.port, options.reuse_port, options.limits))
 
-    async def _start(self, core: ServerRuntime):
-        if self.server is not None and not self.server.options.metrics:
+    def start(self) -> None:
+        if not self.server.options.metrics:
             raise UnavailableError("metrics are turned off in the server's Options (metrics=False)")
-        cpu, gpu, interval = core.metrics_settings
-        system = SystemSampler(cpu, gpu, core.options.gpus)
-        history = StatusHistory(core.models)
-        loop = asyncio.get_running_loop()
-        samplers = (loop.create_task(system.run(interval)), loop.create_task(history.run()))
-        server, task = self._serve_asgi(MetricsApp(core, system, history), self.options.limits)
-        return server, task, samplers
-
-    @staticmethod
-    async def _stop(running, deadline: float) -> None:
-        for sampler in running[2]:
-            sampler.cancel()
-        await _Service._stop_asgi(running, deadline)
+        super().start()

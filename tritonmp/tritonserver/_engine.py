@@ -11,19 +11,17 @@ from collections.abc import Callable
 
 from ..errors import ServerError, Status
 from ..inference import InferRequest, InferResponse
-from ..lifecycle.model_version import ServerOptions
 from ..observability.log_settings import LogSettings
 from ..runtime import ServerRuntime
 from ..scheduling.response_cache import ResponseCache
+from ..settings import ServerSettings
 
 
 class Engine(ServerRuntime):
     """The server's core on an event loop in a thread of its own, for callers in other threads."""
 
-    def __init__(self, options: ServerOptions, *, model_control: str, strict_readiness: bool,
-                 cache: ResponseCache | None, server_id: str, log_settings: LogSettings):
-        super().__init__(options, model_control=model_control, strict_readiness=strict_readiness, cache=cache,
-                         server_id=server_id, log_settings=log_settings)
+    def __init__(self, settings: ServerSettings, *, cache: ResponseCache | None, log_settings: LogSettings):
+        super().__init__(settings, cache=cache, log_settings=log_settings)
         self.log_settings = log_settings  # closed when the server stops
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run_loop, name="tritonmp-engine", daemon=True)

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ServerError
-from ..lifecycle.model_version import ServerOptions
 from ..observability.log_settings import LogSettings
 from ..scheduling.response_cache import ResponseCache
+from ..settings import ServerSettings
 from ._engine import Engine
 from ._errors import InternalError, InvalidArgumentError, UnavailableError, UnsupportedError, from_server_error
 from ._model import Model
@@ -154,20 +154,17 @@ class Server:
               timeout: float | None = None) -> Server:
         if self._engine is not None:
             raise InvalidArgumentError("Server already started")
-        server_options, control, cache = self._translate(self.options)
+        settings, cache = self._translate(self.options)
         o = self.options
         verbose = o.log_verbose > 0  # verbose logging turns the other levels on, as in Triton
         log_settings = LogSettings(o.log_verbose, o.log_info or verbose, o.log_warn or verbose, o.log_error or verbose,
                                    "ISO8601" if o.log_format == LogFormat.ISO8601 else "default", o.log_file or "",
                                    owns_process=False)
-        engine = Engine(server_options, model_control=control, strict_readiness=o.strict_readiness, cache=cache,
-                        server_id=o.server_id, log_settings=log_settings)
-        engine.metrics_settings = (o.cpu_metrics, o.gpu_metrics, max(0.1, o.metrics_interval / 1000))
-        engine.flags = _given_options(o)
+        engine = Engine(settings, cache=cache, log_settings=log_settings)
         engine.start()
         self._engine = engine
         _live_servers.add(self)
-        names = list(self.options.startup_models) if control == "explicit" else None
+        names = list(self.options.startup_models) if settings.model_control == "explicit" else None
         if names == ["*"]:
             names = None  # every model of the repositories
         try:
@@ -265,8 +262,8 @@ class Server:
         engine = self._engine
         sampler = engine.sampler
         if sampler is None:
-            sampler = engine.sampler = SystemSampler(self.options.cpu_metrics, self.options.gpu_metrics,
-                                                     engine.options.gpus)
+            settings = engine.settings
+            sampler = engine.sampler = SystemSampler(settings.cpu_metrics, settings.gpu_metrics, settings.gpus)
             engine.run(sampler.sample)
         return sampler
 
@@ -315,7 +312,7 @@ class Server:
 
     # -- options ---------------------------------------------------------------------------
     @staticmethod
-    def _translate(options: Options) -> tuple[ServerOptions, str, ResponseCache | None]:
+    def _translate(options: Options) -> tuple[ServerSettings, ResponseCache | None]:
         for name, kind in _TYPES.items():
             value = getattr(options, name)
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
@@ -352,9 +349,14 @@ class Server:
             cache = ResponseCache(int(local["size"]))
         control = {ModelControlMode.NONE: "none", ModelControlMode.POLL: "poll",
                    ModelControlMode.EXPLICIT: "explicit"}[ModelControlMode(options.model_control_mode)]
-        return (ServerOptions(list(repos), auto_complete=not options.strict_model_config,
-                              log_verbose=options.log_verbose, exit_timeout=float(options.exit_timeout),
-                              default_max_batch_sizes=defaults), control, cache)
+        settings = ServerSettings(
+            list(repos), auto_complete=not options.strict_model_config, default_max_batch_sizes=defaults,
+            log_verbose=options.log_verbose, model_control=control, server_id=options.server_id,
+            strict_readiness=options.strict_readiness, exit_on_error=options.exit_on_error,
+            exit_timeout=float(options.exit_timeout),
+            cpu_metrics=options.cpu_metrics, gpu_metrics=options.gpu_metrics,
+            metrics_interval=max(0.1, options.metrics_interval / 1000), flags=_given_options(options))
+        return settings, cache
 
 
 class ModelDictionary(dict):

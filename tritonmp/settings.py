@@ -1,0 +1,44 @@
+"""The server's settings: one object, made once from the `tritonmp` command's flags (cli.py) or
+from the in-process API's Options (tritonserver/_server.py), and read by every part that the server
+builds from it (the runtime, the server API, the model manager, each model version). Plain values
+only; the objects the server is given (log settings, tracer, response cache) travel beside it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_BUSY_POLL_US = 500  # --busy-poll-us
+
+
+@dataclass
+class ServerSettings:
+    repositories: list[str]
+    # -- models and their workers ----------------------------------------------------------
+    workers: str = "auto"  # instances of a model without instance_group: "auto" or a count
+    auto_complete: bool = True
+    # --backend-config default-max-batch-size: backend ("" for all) -> max_batch_size of auto-complete
+    default_max_batch_sizes: dict[str, int] = field(default_factory=dict)
+    config_name: str = ""  # --model-config-name: read configs/NAME.pbtxt where a model has one
+    gpus: list[int] = field(default_factory=list)  # the GPUs this server may use
+    arena_bytes: int = 64 << 20  # each worker's input and output arena
+    log_verbose: int = 0
+    execution_timeout: float = 0.0  # a batch that runs longer kills its worker (0: no limit)
+    load_timeout: float = 0.0  # a model not loaded after this long fails its load (0: no limit)
+    busy_poll_us: int = DEFAULT_BUSY_POLL_US  # the loop polls this long after a batch
+    heap_retain_bytes: int = 1 << 30  # --worker-heap-retain-mb: freed memory a worker keeps for reuse
+    # -- which models are served, and when ----------------------------------------------------
+    model_control: str = "none"  # "none", "poll" or "explicit"
+    load_models: list[str] = field(default_factory=list)  # explicit: the models loaded at startup
+    poll_secs: float = 15.0  # poll: seconds between looks at the repositories
+    # -- the server as its clients see it -----------------------------------------------------
+    server_id: str = "triton"  # --id: the name in the server's metadata
+    strict_readiness: bool = True  # server readiness asks every model's readiness too
+    allow_client_shm: bool = False  # clients may register system shared-memory regions
+    exit_on_error: bool = True  # the command exits when a model fails to load at startup
+    exit_timeout: float = 30.0  # seconds requests in flight may finish once stopping
+    # -- metrics ------------------------------------------------------------------------------
+    cpu_metrics: bool = True
+    gpu_metrics: bool = True
+    metrics_interval: float = 2.0  # seconds between samples of the CPU and GPU figures
+    # the settings it was started with that differ from their defaults, as the status page shows them
+    flags: dict[str, object] = field(default_factory=dict)
