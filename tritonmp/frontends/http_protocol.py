@@ -226,17 +226,15 @@ class FastInfer:
 
     def start(self) -> None:
         """The body is complete: decode the request and queue it."""
-        app = self.protocol.fast_app
+        endpoint = self.protocol.fast_infer
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.body = []
         try:
-            mv = app.api.model_for(self.model, self.version, "HTTP end point")  # before the body, as Triton
-            self.request, self.binary_default = app.decode_infer(body, self.header_length, self.model,
-                                                                 self.version, mv)
-            if self.protocol.forwarded:  # after the request's own parameters, as in Triton
-                self.request.parameters.update(self.protocol.forwarded)
+            mv = endpoint.model(self.model, self.version)
+            self.request, self.binary_default = endpoint.decode(body, self.header_length, self.model,
+                                                                self.version, mv)
             self.request.cancellable = False  # nothing awaits it: its client's going is seen by the protocol
-            future = app.api.submit(self.request, "HTTP end point", mv)
+            future = endpoint.submit(self.request, self.protocol.forwarded, mv)
         except Exception as e:  # noqa: BLE001 - answered as the ASGI path answers it
             self._failed(e)
             return
@@ -253,8 +251,8 @@ class FastInfer:
         protocol = self.protocol
         request, self.request = self.request, None  # and its response: outputs lent from an arena go back sooner
         try:
-            headers, out = protocol.fast_app.encode_infer(future.result(), request, self.binary_default,
-                                                          self.accept_encoding)
+            headers, out = protocol.fast_infer.encode(future.result(), request, self.binary_default,
+                                                      self.accept_encoding)
         except Exception as e:  # noqa: BLE001
             self._failed(e)
             return
@@ -355,7 +353,7 @@ class _Drain:
 class GuardedHttpProtocol(HttpToolsProtocol):
     limits = Limits()
     max_body = 0  # the largest body received into one buffer (the application's input limit); 0: none
-    fast_app = None  # the HttpApp whose infer route FastInfer serves; None: every request takes ASGI
+    fast_infer = None  # the infer endpoint (http_infer.InferEndpoint) FastInfer serves; None: all take ASGI
     forward = None  # the pattern of the request headers that reach models (ForwardingHttpProtocol)
     forwarded: dict | None = None  # the request's headers that reach its model, as parameters
 
@@ -517,7 +515,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._deadline = None  # _disarm(), as every call below is made for every request
         self._phase = _BODY  # until the message is complete
-        fast = self._fast_infer() if self.fast_app is not None else None
+        fast = self._fast_infer() if self.fast_infer is not None else None
         if fast is not None:
             self.cycle = fast
             return
@@ -544,11 +542,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if route is None or self.parser.get_method() != b"POST" or self.flow.write_paused \
                 or (self.cycle is not None and not self.cycle.response_complete):
             return None
-        app = self.fast_app
+        endpoint = self.fast_infer
         length = -1
         header_length = None
         accept_encoding = ""
-        for key, value in self.headers:  # what app.infer_headers reads too, in the same pass
+        for key, value in self.headers:  # what endpoint.headers reads too, in the same pass
             kind = _FAST_HEADERS.get(key)
             if kind is None:
                 continue
@@ -564,7 +562,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 accept_encoding = value.decode("latin-1")
             else:
                 return None
-        if not 0 <= length < LARGE_BODY or length > app.max_input_size:
+        if not 0 <= length < LARGE_BODY or length > endpoint.max_input_size:
             return None
         keep_alive = self.parser.should_keep_alive() and self.parser.get_http_version() != "1.0"
         return FastInfer(self, route[0], route[1], header_length, accept_encoding, keep_alive)
@@ -660,13 +658,12 @@ class ForwardingHttpProtocol(GuardedHttpProtocol):
             self.scope[FORWARDED_KEY] = self.forwarded
 
 
-def protocol_class(limits: Limits, max_body: int = 0, fast_app=None,
+def protocol_class(limits: Limits, max_body: int = 0, fast_infer=None,
                    forward: re.Pattern | None = None) -> type[GuardedHttpProtocol]:
     """The protocol class for one listener with these limits (uvicorn takes a class); bodies up to
-    `max_body` bytes are received into one buffer each; `fast_app`'s infer route is served without
-    ASGI where it can be; `forward`: the headers that reach models as request parameters."""
-    if fast_app is not None and fast_app.restrictions:
-        fast_app = None  # every request's headers are looked at by the ASGI app
+    `max_body` bytes are received into one buffer each; `fast_infer`: the infer endpoint answered
+    without ASGI where it can be (None: never); `forward`: the headers that reach models as request
+    parameters."""
     base = GuardedHttpProtocol if forward is None else ForwardingHttpProtocol
-    return type(base.__name__, (base,), {"limits": limits, "max_body": max_body, "fast_app": fast_app,
+    return type(base.__name__, (base,), {"limits": limits, "max_body": max_body, "fast_infer": fast_infer,
                                          "forward": forward})

@@ -3,7 +3,7 @@
 Handlers only decode into the core's request type and encode its answers; the infer route is
 dispatched by a precompiled pattern ahead of the router, the others by a small route table. The
 infer route's common case does not reach this app: the protocol serves it (http_protocol.FastInfer)
-with the same `decode_infer` and `encode_infer`.
+through the same endpoint object (http_infer.InferEndpoint).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from ..ipc.shm_registry import IPC_HANDLE_SIZE
 from ..logs import get_logger
 from ..server_api import EXTENSIONS, ServerApi
 from . import generate, http_codec, json_offload
-from .http_protocol import BODY_KEY, FORWARDED_KEY, JSON_HEADERS, ReceivedBody, binary_headers
+from .http_infer import InferEndpoint
+from .http_protocol import BODY_KEY, FORWARDED_KEY, JSON_HEADERS, ReceivedBody
 from .inflate import TooLarge, inflate
 from .request_params import unsigned, wrong_json_type
 from .restricted import HTTP_GROUP, Restrictions, http_message
@@ -110,6 +111,13 @@ class HttpApp:
         self.api = api
         self.restrictions = restrictions  # --http-restricted-api
         self.max_input_size = max_input_size  # a request body's bytes, as received and as inflated
+        self.infer_endpoint = InferEndpoint(api, max_input_size)
+
+    @property
+    def fast_infer(self) -> InferEndpoint | None:
+        """The infer endpoint the protocol may answer without this app: none when API restrictions
+        are set, whose headers only this app looks at."""
+        return None if self.restrictions else self.infer_endpoint
 
     def _too_large(self, size: int, what: str = "Request body") -> ServerError:
         return too_large(f"{what} of {size} bytes exceeds the maximum allowed value of {self.max_input_size} "
@@ -361,60 +369,18 @@ class HttpApp:
 
     # -- inference -------------------------------------------------------------------------
     async def infer(self, scope, receive, send, model: str, version: str) -> None:
-        # as in Triton, a request for a model that cannot take it is refused before its body is read
-        mv = self.api.model_for(model, version, "HTTP end point")
-        header_length, content_encoding, accept_encoding = self.infer_headers(scope["headers"])
+        endpoint = self.infer_endpoint
+        mv = endpoint.model(model, version)  # as in Triton, before the body is read
+        header_length, content_encoding, accept_encoding = endpoint.headers(scope["headers"])
         body = await self._read_body(receive)
         if content_encoding:
             body = await self._inflate(body, content_encoding)
         if header_length is None and len(body) > json_offload.OFFLOAD_BYTES:
             request, binary_default = await json_offload.decode_infer(body, model, version)
         else:
-            request, binary_default = self.decode_infer(body, header_length, model, version, mv)
-        forwarded = scope.get(FORWARDED_KEY)
-        if forwarded:  # after the request's own parameters, as in Triton
-            request.parameters.update(forwarded)
-        response = await self.api.infer(request, "HTTP end point")  # looked up again: the body took a while
-        headers, out = self.encode_infer(response, request, binary_default, accept_encoding)
+            request, binary_default = endpoint.decode(body, header_length, model, version, mv)
+        # the version is looked up again: reading the body took turns of the loop
+        response = await endpoint.submit(request, scope.get(FORWARDED_KEY))
+        headers, out = endpoint.encode(response, request, binary_default, accept_encoding)
         await _send(send, 200, out, headers)
-
-    @staticmethod
-    def decode_infer(body, header_length: int | None, model: str, version: str, mv):
-        """The request of an infer body in hand (JSON, JSON and binary tensors, or one raw binary
-        input) for model version `mv`, and whether its outputs default to binary."""
-        if header_length == 0:  # a raw binary request: no JSON header, the body is the one input
-            return http_codec.decode_raw(body, model, version, mv.inputs, mv.max_batch_size), True
-        return http_codec.decode_infer(body, header_length, model, version)
-
-    @staticmethod
-    def infer_headers(headers: list) -> tuple[int | None, str, str]:
-        """An infer request's Inference-Header-Content-Length (None when absent), Content-Encoding and
-        Accept-Encoding."""
-        header_length = None
-        content_encoding = accept_encoding = ""
-        for key, value in headers:
-            if key == b"inference-header-content-length":
-                try:
-                    header_length = int(value)
-                except ValueError:
-                    raise ServerError(f"Inference-Header-Content-Length '{value.decode(errors='replace')}' "
-                                      "is not a number") from None
-            elif key == b"content-encoding":
-                content_encoding = value.decode("latin-1")
-            elif key == b"accept-encoding":
-                accept_encoding = value.decode("latin-1")
-        return header_length, content_encoding, accept_encoding
-
-    @staticmethod
-    def encode_infer(response, request, binary_default: bool, accept_encoding: str) -> tuple[list, bytes | list]:
-        """The headers (less Content-Length) and the body, bytes or a list of parts, of an infer
-        response."""
-        out, json_length = http_codec.encode_infer(response, request, binary_default)
-        # the very JSON_HEADERS list for a JSON body: the protocol keeps its heads by it
-        headers = JSON_HEADERS if json_length is None else binary_headers(json_length)
-        if accept_encoding:
-            out, used = http_codec.compress(out if isinstance(out, bytes) else b"".join(out), accept_encoding)
-            if used:
-                headers = [*headers, (b"content-encoding", used.encode())]
-        return headers, out
 

@@ -142,8 +142,8 @@ class _AsgiListener(Listener):
     """A listener whose connections uvicorn runs with this server's guarded HTTP/1.1 protocol."""
 
     def _serve_asgi(self, app, limits: Limits, reuse_port: bool, graceful_timeout: float | None = None,
-                    max_body: int = 0, fast_app=None, forward=None) -> tuple[uvicorn.Server, asyncio.Task]:
-        config = uvicorn.Config(app, loop="none", http=protocol_class(limits, max_body, fast_app, forward),
+                    max_body: int = 0, fast_infer=None, forward=None) -> tuple[uvicorn.Server, asyncio.Task]:
+        config = uvicorn.Config(app, loop="none", http=protocol_class(limits, max_body, fast_infer, forward),
                                 lifespan="off",
                                 access_log=False, server_header=False,  # Triton sends no Server header either
                                 log_level="warning",
@@ -184,7 +184,7 @@ class HttpListener(_AsgiListener):
         s = self.settings
         app = HttpApp(api, s.restrictions, s.max_input_size)
         return self._serve_asgi(app, s.limits, s.reuse_port, s.graceful_timeout, max_body=s.max_input_size,
-                                fast_app=app, forward=s.header_forward)
+                                fast_infer=app.fast_infer, forward=s.header_forward)
 
 
 class GrpcListener(Listener):
