@@ -30,6 +30,10 @@ SERVED_EXTENSIONS = {"classification", "binary_tensor_data", "model_configuratio
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
+# Every server the suite starts, and the server code it imports, takes each request a fast path
+# takes through the rules as well (tritonmp/testing.py): a rule its fast path misses fails a test.
+os.environ["TRITONMP_CHECK_FAST_PATHS"] = "1"
+
 
 POLL_INTERVAL = 0.05  # how often waits look again at the condition they wait for
 

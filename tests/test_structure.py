@@ -49,8 +49,6 @@ LONG_FUNCTIONS = {
     "observability/metrics.py:render": "one Prometheus family after another, in the order Triton exports them",
     "validation.py:_check_in_order": "the rules of a request, in Triton's order and words, for whatever the "
                                      "one pass does not take",
-    "validation.py:check_request": "the one pass over a request of the common shape, written out: it runs for "
-                                   "every request",
     "frontends/http_codec.py:_general_request": "the KServe JSON request in full, every field in the order Triton "
                                                 "reads it",
     "frontends/http_codec.py:_typed_request": "the typed one-pass decode of the common request, written out: it "

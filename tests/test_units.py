@@ -990,6 +990,49 @@ def test_the_one_pass_grpc_decode_agrees_with_the_ordered_decode():
     assert isinstance(outcome(grpc_codec.decode_infer, cases[2]), str)
 
 
+def test_the_suite_checks_every_fast_path_against_its_rules(monkeypatch):
+    """The suite runs with TRITONMP_CHECK_FAST_PATHS=1 (conftest.py): a rule added to the general path
+    that its fast path misses makes the fast path's answer an internal error, in each of the three
+    pairs, so the first test that sends a request the rule is about fails."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    from tritonmp import testing, validation
+    from tritonmp.errors import Status, invalid
+
+    assert testing.CHECK_FAST_PATHS
+
+    def stricter(general):
+        def with_a_new_rule(*args, **kwargs):
+            raise invalid("a new rule")
+        return with_a_new_rule
+
+    # the one-pass request check
+    config = {"A": validation.TensorConfig("A", "FP32", (3,))}
+    request = InferRequest("m", "", "", [Tensor("A", "FP32", [1, 3], b"\0" * 12)])
+    validation.check_request(request, "m", 8, config, {})  # agreed: accepted
+    monkeypatch.setattr(validation, "_check_in_order", stricter(validation._check_in_order))
+    with pytest.raises(ServerError, match="one-pass request check took what the rules refuse: a new rule") as e:
+        validation.check_request(InferRequest("m", "", "", [Tensor("A", "FP32", [1, 3], b"\0" * 12)]),
+                                 "m", 8, config, {})
+    assert e.value.status == Status.INTERNAL
+
+    # the typed JSON decode
+    body = b'{"inputs": [{"name": "A", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}'
+    assert http_codec.decode_infer(body, None, "m", "")[0].inputs[0].name == "A"
+    monkeypatch.setattr(http_codec, "_general_request", stricter(http_codec._general_request))
+    with pytest.raises(ServerError, match="typed JSON decode took what the general decode refuses"):
+        http_codec.decode_infer(body, None, "m", "")
+
+    # the one-pass gRPC decode
+    m = pb.ModelInferRequest(model_name="m")
+    m.inputs.add(name="A", datatype="FP32", shape=[1, 3])
+    m.raw_input_contents.append(b"\0" * 12)
+    assert grpc_codec.decode_infer(m).inputs[0].name == "A"
+    monkeypatch.setattr(grpc_codec, "_decode_in_order", stricter(grpc_codec._decode_in_order))
+    with pytest.raises(ServerError, match="one-pass gRPC decode took what the decode in order refuses"):
+        grpc_codec.decode_infer(m)
+
+
 def test_model_versions_are_read_as_stol_reads_them():
     from tritonmp.lifecycle.model_manager import parse_version
 

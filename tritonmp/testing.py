@@ -5,11 +5,19 @@ sets for the server it starts, read here and nowhere else. Nothing a deployment 
   a machine without one); the tests that need a real GPU skip while it is set.
 - TRITONMP_WORKER_IDLE_TRIM_S=1: a worker gives the memory it keeps for reuse back to the system
   after this many idle seconds (10 otherwise), so a test need not wait for it.
+- TRITONMP_CHECK_FAST_PATHS=1 (the test suite sets it for every server it starts): whatever a fast
+  path takes (the typed HTTP decode, the one-pass gRPC decode, the one-pass request check) is
+  taken by the one place that states the rules as well, and any difference is an internal error
+  naming both answers. A rule added to the general path that its fast path misses then fails the
+  first test that sends a request the rule is about. Read once, at import: nothing is checked, and
+  nothing costs, where it is not set.
 """
 
 from __future__ import annotations
 
 import os
+
+from .inference import InferRequest
 
 FAKE_GPUS_ENV = "TRITONMP_FAKE_GPUS"
 IDLE_TRIM_ENV = "TRITONMP_WORKER_IDLE_TRIM_S"
@@ -26,3 +34,25 @@ def fake_gpus() -> list[int] | None:
 def worker_idle_trim_s(default: float) -> float:
     """Seconds a worker waits idle before it trims its heap."""
     return float(os.environ.get(IDLE_TRIM_ENV, default))
+
+
+CHECK_FAST_PATHS = os.environ.get("TRITONMP_CHECK_FAST_PATHS") == "1"
+
+
+def _plain(value):
+    """A tensor's data or a parameter, comparable whatever holds its bytes."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    tobytes = getattr(value, "tobytes", None)  # an array's
+    return tobytes() if tobytes is not None else value
+
+
+def request_difference(fast: InferRequest, rules: InferRequest) -> str:
+    """How two decodes of one request differ ("" when they agree): the fields a frontend fills."""
+    def fields(r: InferRequest):
+        return (r.model_name, r.model_version, r.id, r.parameters, r.empty_final,
+                [(t.name, t.datatype, list(t.shape), _plain(t.data), t.parameters) for t in r.inputs],
+                None if r.outputs is None else [(o.name, o.parameters) for o in r.outputs])
+
+    a, b = fields(fast), fields(rules)
+    return "" if a == b else f"fast path {a!r:.2000}, rules {b!r:.2000}"

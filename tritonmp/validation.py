@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from . import datatypes
-from .errors import invalid
+import msgspec
+
+from . import datatypes, testing
+from .errors import ServerError, internal, invalid
 from .inference import InferRequest
 from .ipc.shm_registry import ShmRef
 
@@ -49,10 +51,21 @@ def check_request(request: InferRequest, model: str, max_batch_size: int, inputs
 
     A request with every configured input once, each of its configured type, shape and size (the
     common case) is accepted in one pass that makes nothing but its shape key; anything else is
-    looked at in Triton's order by `_check_in_order`, which finds what is wrong and words it."""
+    looked at in Triton's order by `_check_in_order`, the one place that states the rules, which
+    finds what is wrong and words it."""
+    if not _one_pass(request, max_batch_size, inputs):
+        _check_in_order(request, model, max_batch_size, inputs, outputs)
+    elif request.outputs is not None:
+        _check_outputs(request, model, outputs)
+
+
+def _one_pass(request: InferRequest, max_batch_size: int, inputs: dict[str, TensorConfig]) -> bool:
+    """Whether the request is of the common shape, every input as configured: then its batch_size and
+    shape_key are set and its inputs put in configuration order. False, having changed nothing,
+    for anything else."""
     tensors = request.inputs
     if len(tensors) != len(inputs):
-        return _check_in_order(request, model, max_batch_size, inputs, outputs)
+        return False
     batched = max_batch_size > 0
     batch = 1 if not batched else -1
     key = []  # each input's shape past the batch dimension, in the order given
@@ -62,17 +75,17 @@ def check_request(request: InferRequest, model: str, max_batch_size: int, inputs
         cfg = inputs.get(name)
         datatype = t.datatype
         if cfg is None or datatype != cfg.datatype or datatype == "BYTES":
-            return _check_in_order(request, model, max_batch_size, inputs, outputs)
+            return False
         if name != config_name:
             in_order = False
         shape = t.shape
         if batched:
             if not shape:
-                return _check_in_order(request, model, max_batch_size, inputs, outputs)
+                return False
             rows = shape[0]
             if rows != batch:
                 if batch != -1 or not 1 <= rows <= max_batch_size:
-                    return _check_in_order(request, model, max_batch_size, inputs, outputs)
+                    return False
                 batch = rows
             rest = shape[1:]
         else:
@@ -82,31 +95,50 @@ def check_request(request: InferRequest, model: str, max_batch_size: int, inputs
             data.nbytes if isinstance(data, (memoryview, ShmRef)) else len(data)
         if cfg.row_bytes >= 0 and rest == cfg.dims_list:  # the configured shape: its size known
             if nbytes != batch * cfg.row_bytes:
-                return _check_in_order(request, model, max_batch_size, inputs, outputs)
+                return False
             key.append(cfg.dims)
             continue
         count = batch
         dims = cfg.dims
         if len(rest) != len(dims):
-            return _check_in_order(request, model, max_batch_size, inputs, outputs)
+            return False
         for e, d in zip(dims, rest):
             if d < 0 or d > MAX_DIM or (e != -1 and e != d):
-                return _check_in_order(request, model, max_batch_size, inputs, outputs)
+                return False
             count *= d
         if nbytes != count * datatypes.ITEMSIZE[datatype]:
-            return _check_in_order(request, model, max_batch_size, inputs, outputs)
+            return False
         key.append(tuple(rest))
     if not in_order:  # inputs in configuration order, so that merged batches line up
         if len({t.name for t in tensors}) != len(tensors):  # a name twice (so another missing)
-            return _check_in_order(request, model, max_batch_size, inputs, outputs)
+            return False
         order = {name: i for i, name in enumerate(inputs)}
         ranked = sorted(zip(tensors, key), key=lambda pair: order[pair[0].name])
         tensors[:] = [t for t, _ in ranked]
         key = [rest for _, rest in ranked]
-    if request.outputs is not None:
-        _check_outputs(request, model, outputs)
     request.batch_size = batch
     request.shape_key = tuple(key)  # the shapes in configuration order: the names go without saying
+    return True
+
+if testing.CHECK_FAST_PATHS:
+    def _checked_one_pass(request: InferRequest, max_batch_size: int, inputs: dict[str, TensorConfig],
+                          _fast=_one_pass) -> bool:
+        """The one pass, and what the rules say of each request it takes (testing.CHECK_FAST_PATHS)."""
+        given = list(request.inputs)
+        if not _fast(request, max_batch_size, inputs):
+            return False
+        probe = msgspec.structs.replace(request, inputs=given, outputs=None)
+        try:
+            _check_in_order(probe, "probe", max_batch_size, inputs, {})
+        except ServerError as e:
+            raise internal(f"the one-pass request check took what the rules refuse: {e.message}") from None
+        ours = (request.batch_size, request.shape_key, [t.name for t in request.inputs])
+        theirs = (probe.batch_size, probe.shape_key, [t.name for t in probe.inputs])
+        if ours != theirs:
+            raise internal(f"the one-pass request check and the rules disagree: {ours} against {theirs}")
+        return True
+
+    _one_pass = _checked_one_pass
 
 
 def _check_outputs(request: InferRequest, model: str, outputs: dict[str, str]) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from .. import datatypes
-from ..errors import invalid
+from .. import datatypes, testing
+from ..errors import ServerError, internal, invalid
 from ..inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..ipc import buffers
 from .request_params import RESERVED_GRPC, check_grpc_output, check_grpc_request, check_grpc_shared_memory
@@ -124,6 +124,9 @@ def request_message(request: pb.ModelInferRequest | SplitRequest) -> pb.ModelInf
     return request.msg if isinstance(request, SplitRequest) else request
 
 
+_CHECK_FAST_PATHS = testing.CHECK_FAST_PATHS
+
+
 def decode_infer(request: pb.ModelInferRequest | SplitRequest) -> InferRequest:
     """The core request of a ModelInferRequest. The common case (inputs of known datatypes, in
     raw_input_contents or in shared memory) is taken in one pass over the inputs; anything else,
@@ -153,7 +156,21 @@ def decode_infer(request: pb.ModelInferRequest | SplitRequest) -> InferRequest:
             return _decode_in_order(msg, raw)
         inputs.append(Tensor(t.name, datatype, t.shape[:], raw[next_raw], params))
         next_raw += 1
-    return _request(msg, inputs)
+    request = _request(msg, inputs)
+    if _CHECK_FAST_PATHS:
+        _check_one_pass(request, msg, raw)
+    return request
+
+
+def _check_one_pass(request: InferRequest, msg: pb.ModelInferRequest, raw) -> None:
+    """What the decode in Triton's order makes of a request the one pass took (testing.CHECK_FAST_PATHS)."""
+    try:
+        ordered = _decode_in_order(msg, raw)
+    except ServerError as e:
+        raise internal(f"the one-pass gRPC decode took what the decode in order refuses: {e.message}") from None
+    difference = testing.request_difference(request, ordered)
+    if difference:
+        raise internal(f"the one-pass gRPC decode and the decode in order disagree: {difference}")
 
 
 def _request(msg: pb.ModelInferRequest, inputs: list, checked: bool = False) -> InferRequest:

@@ -12,8 +12,8 @@ import msgspec
 import numpy as np
 import orjson
 
-from .. import datatypes
-from ..errors import ServerError, invalid
+from .. import datatypes, testing
+from ..errors import ServerError, internal, invalid
 from ..inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from .request_params import check_json_output, check_json_request, check_json_shared_memory, unsigned, wrong_json_type
 
@@ -244,6 +244,26 @@ def decode_infer(body: bytes, header_length: int | None, model: str, version: st
     if typed is not None:
         return typed
     return _general_request(memoryview(header), binary, model, version)
+
+
+if testing.CHECK_FAST_PATHS:
+    def _checked_typed_request(header, binary: memoryview, model: str, version: str,
+                               _fast=_typed_request) -> tuple[InferRequest, bool] | None:
+        """The typed decode, and what the general decode makes of each request it takes
+        (testing.CHECK_FAST_PATHS)."""
+        typed = _fast(header, binary, model, version)
+        if typed is None:
+            return None
+        try:
+            general = _general_request(memoryview(header), binary, model, version)
+        except ServerError as e:
+            raise internal(f"the typed JSON decode took what the general decode refuses: {e.message}") from None
+        difference = testing.request_difference(typed[0], general[0])
+        if difference or typed[1] != general[1]:
+            raise internal(f"the typed JSON decode and the general decode disagree: {difference or typed[1]}")
+        return typed
+
+    _typed_request = _checked_typed_request
 
 
 def _general_request(header, binary: memoryview, model: str, version: str) -> tuple[InferRequest, bool]:

@@ -188,7 +188,6 @@ class Scheduler:
         p = self.priorities
         plain = not p.levels and all(q == QueuePolicy() for q in (p.default_policy, *p.policies.values()))
         self._ahead_at = 0 if not plain else policy.max_batch_size if policy.dynamic else 1
-        self._plain = plain  # one first-come-first-served queue: a request without parameters goes to its end
         self._ahead_pending = False  # an instance can take a batch ahead: look when the queue is long enough
         pool.attach(self.pump, self.fail_all, self.reschedule)
 
@@ -215,14 +214,7 @@ class Scheduler:
     def submit(self, request: InferRequest) -> asyncio.Future:
         """Queue a request; raises UNAVAILABLE at once when its priority level's queue is full."""
         loop = self._loop or self._running_loop()
-        if self._plain and not request.parameters:  # the common case, in short: no level, limit or timeout
-            request.arrival_ns = self.clock()
-            request.priority, request.deadline_ns, request.delayed = 0, 0, False
-            per_level = self._per_level
-            per_level[0] = per_level.get(0, 0) + 1
-            self.queue.append(request)
-        else:
-            self._admit(request)
+        self._admit(request)
         request.future = loop.create_future()
         if self.pool.idle or self._timed or self._drain.waiters \
                 or (self._ahead_pending and len(self.queue) >= self._ahead_at):  # else pump has nothing to do
