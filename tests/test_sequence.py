@@ -1,6 +1,7 @@
 """The sequence batcher: correlation IDs, START/END, control inputs, per-sequence order and state,
 the errors Triton gives, and idle sequences released."""
 
+import shutil
 import time
 
 import numpy as np
@@ -90,3 +91,89 @@ def test_a_sequence_waits_for_a_free_slot(start_server, tmp_path):
     started = time.monotonic()
     assert _send(client, httpclient, 7, sequence_id=2, sequence_start=True) == (7, 2)
     assert time.monotonic() - started >= IDLE_SECS * 0.9
+
+
+def _slots(client, x, seq, *, hold=None, **flags):
+    """(SUM, ROW, BATCH) of one request of sequence `seq` to sequence_slots."""
+    inp = httpclient.InferInput("X", [1, 1], "INT32")
+    inp.set_data_from_numpy(np.array([[x]], np.int32))
+    result = client.infer("sequence_slots", [inp], sequence_id=seq, parameters={"hold": hold} if hold else None,
+                          **flags)
+    return tuple(int(result.as_numpy(name)[0, 0]) for name in ("SUM", "ROW", "BATCH"))
+
+
+def _held_then_together(server, tmp_path, client, first, together):
+    """Send `first` (a sequence's request) held in the model; while it runs, queue one request of
+    each sequence in `together`, in order; then let it go. Every answer, by sequence."""
+    import threading
+
+    from conftest import scrape_metrics
+
+    gate = tmp_path / "gate"
+    answers = {}
+
+    def send(seq, x, hold=None):
+        try:
+            answers[seq] = _slots(httpclient.InferenceServerClient(server.url), x, seq, hold=hold)
+        except Exception as e:  # noqa: BLE001 - the test compares it
+            answers[seq] = repr(e)
+
+    threads = [threading.Thread(target=send, args=(first, 10, str(gate)))]
+    threads[0].start()
+    held = tmp_path / "gate.held"  # the model makes it as it starts to wait for the gate
+    server.wait_until(held.exists, 30, "the first request to run")
+    pending = 'nv_inference_pending_request_count{model="sequence_slots",version="1"}'
+    for n, seq in enumerate(together, 1):
+        thread = threading.Thread(target=send, args=(seq, 100 * seq))
+        thread.start()
+        threads.append(thread)
+        server.wait_until(lambda n=n: scrape_metrics(server).get(pending) == n, 30, f"{n} request(s) queued")
+    gate.touch()
+    for thread in threads:
+        thread.join(60)
+    return answers
+
+
+def test_direct_batches_the_next_request_of_every_slot_in_its_own_row(start_server, tmp_path):
+    """Direct: each sequence keeps its slot, which is its row of every batch; a slot without a request
+    below a slot with one is a placeholder row (READY false) that is answered and counted nowhere."""
+    from conftest import TEST_MODELS
+
+    shutil.copytree(TEST_MODELS / "sequence_slots", tmp_path / "repo" / "sequence_slots")
+    server = start_server([tmp_path / "repo"])
+    client = httpclient.InferenceServerClient(server.url)
+    # one at a time: each in its slot's row, placeholders below it
+    assert _slots(client, 1, 1, sequence_start=True) == (1, 0, 1)
+    assert _slots(client, 2, 2, sequence_start=True) == (2, 1, 2)
+    assert _slots(client, 3, 3, sequence_start=True) == (3, 2, 3)
+    # while sequence 1 runs, sequences 2 and 3 queue: one execution carries both, each in its own row
+    answers = _held_then_together(server, tmp_path, client, 1, [2, 3])
+    assert answers == {1: (11, 0, 1), 2: (202, 1, 3), 3: (303, 2, 3)}
+    # a sequence that ends frees its slot for the next one to start
+    assert _slots(client, 1, 1, sequence_end=True) == (12, 0, 1)
+    assert _slots(client, 5, 4, sequence_start=True) == (5, 0, 1)
+    stats = client.get_inference_statistics("sequence_slots")["model_stats"][0]
+    assert stats["inference_count"] == 8 and stats["inference_stats"]["success"]["count"] == 8
+    assert stats["execution_count"] == 7
+
+
+def test_oldest_batches_the_oldest_requests_of_different_sequences(start_server, tmp_path):
+    """Oldest: the oldest next requests of the sequences an instance holds are batched as the dynamic
+    batcher batches, with no placeholders, and each sequence's requests stay in order."""
+    from conftest import TEST_MODELS
+
+    model = tmp_path / "repo" / "sequence_slots"
+    shutil.copytree(TEST_MODELS / "sequence_slots", model)
+    config = model / "config.pbtxt"
+    config.write_text(config.read_text().replace(
+        "max_sequence_idle_microseconds: 30000000",
+        "max_sequence_idle_microseconds: 30000000\n"
+        "  oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ] }"))
+    server = start_server([tmp_path / "repo"])
+    client = httpclient.InferenceServerClient(server.url)
+    for seq in (1, 2, 3):
+        assert _slots(client, seq, seq, sequence_start=True) == (seq, 0, 1)
+    answers = _held_then_together(server, tmp_path, client, 1, [3, 2])
+    assert answers == {1: (11, 0, 1), 3: (303, 0, 2), 2: (202, 1, 2)}  # the oldest first
+    stats = client.get_inference_statistics("sequence_slots")["model_stats"][0]
+    assert stats["inference_count"] == 6 and stats["execution_count"] == 5

@@ -52,6 +52,7 @@ class InferRequest(msgspec.Struct):
     empty_final: bool = False  # a gRPC stream's ask for the final flag alone as a response (never the model's)
     cancellable: bool = True  # its future may be cancelled (an awaiting task whose client went); a python
     # model's instance then tells the worker, and is_cancelled() says so. FastInfer's never is.
+    null: bool = False  # a Direct sequence batch's placeholder row: it runs, but is answered and counted nowhere
 
 
 class InferResponse(msgspec.Struct):

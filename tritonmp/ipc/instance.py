@@ -133,6 +133,8 @@ class Instance(WorkerProcess):
                 continue  # ended with the open streams
             if self.pool.senders and self.streams.pop(stream_key(batch_id, index), None) is None:
                 continue  # already answered through its response sender
+            if request.null:
+                continue  # a placeholder row: answered and counted nowhere
             self.pool.stats.finished(False, request.batch_size, now - request.arrival_ns)
             if not request.future.done():
                 request.future.set_exception(err)
@@ -316,7 +318,8 @@ class Instance(WorkerProcess):
             return
         pool = self.pool
         if pool.decoupled:  # the responses come as STREAM messages; this only ends the execution
-            pool.stats.executed(sum(r.batch_size for r in batch), 0 if result.error else len(batch),
+            real = [r for r in batch if not r.null] if pool.null_rows else batch
+            pool.stats.executed(sum(r.batch_size for r in real), 0 if result.error else len(real),
                                 self.encode_ns + result.input_ns, result.infer_ns, result.output_ns)
             if result.error:
                 for index, request in enumerate(batch):
@@ -347,6 +350,10 @@ class Instance(WorkerProcess):
             ran = [r for index, r in enumerate(batch) if index not in not_run]
             failed -= sum(1 for index in not_run if isinstance(missed := responses[index], ServerError)
                           and not (own_ok and missed.from_model))
+        if pool.null_rows:  # placeholder rows ran, but count nowhere
+            failed -= sum(1 for r, response in zip(batch, responses) if r.null and isinstance(response, ServerError)
+                          and not (own_ok and response.from_model))
+            ran = [r for r in ran if not r.null]
         if ran:
             stats.executed(sum(r.batch_size for r in ran), len(ran) - failed, self.encode_ns + result.input_ns,
                            result.infer_ns, result.output_ns + now - started)
@@ -362,6 +369,9 @@ class Instance(WorkerProcess):
                       f"; failed: {result.error}" if result.error else "")
         deferred = pool.senders and not result.error and len(result.responses) == len(batch)
         for index, (request, response) in enumerate(zip(batch, responses)):
+            if request.null:
+                self.streams.pop(stream_key(result.batch_id, index), None)
+                continue
             if not_run and index in not_run:
                 self.streams.pop(stream_key(result.batch_id, index), None)
                 continue

@@ -61,6 +61,7 @@ class InstancePool:
         self.warmup = settings.warmup
         self.merge = backend != "python"  # a batch's requests are merged into one set of tensors
         self.senders = backend == "python"  # a request may be answered through its response sender
+        self.null_rows = False  # batches may hold placeholder rows (InferRequest.null): the sequence batcher's
         self.services = services
         self.on_unavailable = on_unavailable  # the model version must go down, and why
         # the scheduler's (attach): an instance can take work, none can, a request to run again

@@ -1,9 +1,20 @@
 """The sequence batcher, for stateful models: every request carries a correlation ID; a sequence
-is bound to one model instance from its START request to its END (or until it idles out), its
-requests run in order, and the model receives Triton's control inputs (START, END, READY, CORRID).
+holds a slot of one model instance from its START request to its END (or until it idles out), its
+requests run in order, one at a time, and the model receives Triton's control inputs (START, END,
+READY, CORRID) with each.
 
-Requests of different sequences that share an instance run one after the other rather than in
-one batch: the state a model keeps per sequence stays where it was, and ordering is exact.
+Requests of different sequences on one instance run together, by Triton's two strategies:
+
+- **Direct** (the default): an instance has `max_batch_size` slots, and each sequence keeps its own
+  slot, which is its row of every batch it is in. A batch carries the next request of every slot
+  that has one, up to the highest such slot; a slot without one below it gets a placeholder row
+  (a copy of another row with its data zeroed, READY false and CORRID 0) that runs but is answered
+  and counted nowhere, so that every sequence stays in its row.
+- **Oldest**: an instance has `max_candidate_sequences` slots, and the oldest next requests of its
+  sequences are batched as the dynamic batcher batches (`preferred_batch_size`,
+  `max_queue_delay_microseconds`), with no placeholders.
+
+A sequence that finds no free slot waits in the backlog for the next slot to free up.
 """
 
 from __future__ import annotations
@@ -21,20 +32,24 @@ from ..errors import invalid
 from ..inference import InferRequest, Tensor
 from ..ipc.pool import Instance, InstancePool
 from ..logs import get_logger
-from .scheduler import DrainWaiters, end_unserved
+from .scheduler import BatchPolicy, DrainWaiters, end_unserved
 
 log = get_logger("sequence")
 Kind = mc.ModelSequenceBatching.Control
 
 
-@dataclass
+@dataclass(eq=False)
 class Sequence:
     id: object
     instance: Instance | None = None
+    slot: int = -1  # its slot of that instance (-1: none yet, in the backlog)
     pending: deque = field(default_factory=deque)
-    running: InferRequest | None = None
+    in_flight: int = 0  # its requests sent to the instance and not yet answered
     last_active: float = 0.0
-    ended: bool = False
+    ended: bool = False  # its END request has come
+
+    def busy(self) -> bool:
+        return bool(self.pending) or self.in_flight > 0
 
 
 def _control_value(control, on: bool, corrid) -> tuple[str, bytes]:
@@ -51,21 +66,44 @@ def _control_value(control, on: bool, corrid) -> tuple[str, bytes]:
     return "BOOL", np.array([control.bool_false_true[int(on)] if control.bool_false_true else on], np.bool_).tobytes()
 
 
+def _zeros(t: Tensor) -> bytes:
+    """A tensor of `t`'s type and shape, all zeros (BYTES: empty elements)."""
+    count = datatypes.element_count(t.shape)
+    return bytes(4 * count if t.datatype == "BYTES" else count * datatypes.ITEMSIZE[t.datatype])
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    """A placeholder's outcome, which nobody awaits: looked at, so that no error of it is reported."""
+    if not future.cancelled():
+        future.exception()
+
+
 class SequenceScheduler:
     def __init__(self, pool: InstancePool, config: mc.ModelConfig):
         self.pool = pool
         self.model = config.name
         sb = config.sequence_batching
         self.controls = [(c.name, control) for c in sb.control_input for control in c.control]
+        self.control_names = {name for name, _ in self.controls}
         numeric = [mc.DataType.Name(control.data_type)[len("TYPE_"):] for _, control in self.controls
                    if control.kind == Kind.CONTROL_SEQUENCE_CORRID and control.data_type != mc.TYPE_STRING]
         self.numeric_corrid = numeric[0] if numeric else ""  # the CORRID input's numeric type, if it has one
         self.idle_secs = (sb.max_sequence_idle_microseconds or 1_000_000) / 1e6
         self.batched = config.max_batch_size > 0
-        self.per_instance = max(1, config.max_batch_size)  # sequences an instance holds at once
+        self.oldest = sb.WhichOneof("strategy_choice") == "oldest"
+        if self.oldest:
+            o = sb.oldest
+            per_instance = max(1, o.max_candidate_sequences)
+            self.policy = BatchPolicy(config.max_batch_size, self.batched, list(o.preferred_batch_size),
+                                      o.max_queue_delay_microseconds * 1000)
+        else:
+            per_instance = max(1, config.max_batch_size)  # a slot is a row of the batch
+            pool.null_rows = per_instance > 1  # placeholders may run: answered and counted nowhere
+        self.slots: dict[int, list[Sequence | None]] = {id(i): [None] * per_instance for i in pool.instances}
         self.sequences: dict[object, Sequence] = {}
-        self.backlog: deque[Sequence] = deque()  # started sequences waiting for an instance
-        self._timer: asyncio.TimerHandle | None = None
+        self.backlog: deque[Sequence] = deque()  # started sequences waiting for a slot
+        self._timer: asyncio.TimerHandle | None = None  # sequences idling out
+        self._delay: asyncio.TimerHandle | None = None  # Oldest: a batch waiting for its queue delay
         self._drain = DrainWaiters(self.busy)
         pool.attach(self.pump, self.fail_all)
 
@@ -74,6 +112,7 @@ class SequenceScheduler:
         """Requests waiting (for metrics and draining)."""
         return [r for s in self.sequences.values() for r in s.pending]
 
+    # -- requests ----------------------------------------------------------------------------
     def _ids(self, request: InferRequest):
         """The request's correlation ID and START and END flags, refused as Triton refuses them."""
         if self.batched and request.batch_size != 1:
@@ -107,66 +146,141 @@ class SequenceScheduler:
         seq.last_active = time.monotonic()
         request.arrival_ns = time.monotonic_ns()
         request.future = asyncio.get_running_loop().create_future()
-        self._add_controls(request, corrid, start, end)
+        self._add_controls(request, corrid, start, end, True)
         seq.pending.append(request)
         self.pump()
         self._arm_idle_timer()
         return request.future
 
-    def _add_controls(self, request: InferRequest, corrid, start: bool, end: bool) -> None:
+    def _add_controls(self, request: InferRequest, corrid, start: bool, end: bool, ready: bool) -> None:
         for name, control in self.controls:
             on = {Kind.CONTROL_SEQUENCE_START: start, Kind.CONTROL_SEQUENCE_END: end,
-                  Kind.CONTROL_SEQUENCE_READY: True, Kind.CONTROL_SEQUENCE_CORRID: True}[control.kind]
+                  Kind.CONTROL_SEQUENCE_READY: ready, Kind.CONTROL_SEQUENCE_CORRID: True}[control.kind]
             datatype, one = _control_value(control, on, corrid)
             rows = request.batch_size if self.batched else 1
             shape = [rows, 1] if self.batched else [1]
             request.inputs.append(Tensor(name, datatype, shape, one * rows))
 
+    def _placeholder(self, like: InferRequest) -> InferRequest:
+        """A Direct batch's row for a slot with no request: `like`'s inputs with their data zeroed, READY
+        false and CORRID 0 (the model may not read its other inputs while READY is false)."""
+        inputs = [Tensor(t.name, t.datatype, list(t.shape), _zeros(t)) for t in like.inputs
+                  if t.name not in self.control_names]
+        null = InferRequest(like.model_name, like.model_version, "", inputs, like.outputs, {},
+                            batch_size=like.batch_size, shape_key=like.shape_key, arrival_ns=time.monotonic_ns(),
+                            null=True, cancellable=False)
+        self._add_controls(null, 0, False, False, False)
+        null.future = asyncio.get_running_loop().create_future()
+        null.future.add_done_callback(_retrieve)
+        if self.pool.decoupled:
+            null.stream = asyncio.Queue()  # what the model sends it goes nowhere
+        return null
+
+    # -- slots -----------------------------------------------------------------------------
     def _place(self, seq: Sequence) -> None:
-        load = {id(i): 0 for i in self.pool.instances}
-        for s in self.sequences.values():
-            if s.instance is not None:
-                load[id(s.instance)] += 1
-        candidates = [i for i in self.pool.instances if load[id(i)] < self.per_instance]
-        if candidates:
-            seq.instance = min(candidates, key=lambda i: load[id(i)])
-        else:
+        """The lowest free slot of the instance with the most free slots, or the backlog."""
+        best = None
+        for instance in self.pool.instances:
+            slots = self.slots[id(instance)]
+            free = slots.count(None)
+            if free and (best is None or free > best[0]):
+                best = (free, instance, slots)
+        if best is None:
             self.backlog.append(seq)
+            return
+        _, instance, slots = best
+        seq.instance, seq.slot = instance, slots.index(None)
+        slots[seq.slot] = seq
 
     def _release(self, seq: Sequence) -> None:
-        self.sequences.pop(seq.id, None)
-        seq.instance = None
-        while self.backlog:  # hand the freed place to the oldest waiting sequence
+        """The sequence is over: its slot goes to the oldest sequence of the backlog."""
+        if self.sequences.get(seq.id) is seq:
+            del self.sequences[seq.id]
+        if seq.instance is None:
+            return
+        self.slots[id(seq.instance)][seq.slot] = None
+        seq.instance, seq.slot = None, -1
+        while self.backlog:
             waiting = self.backlog.popleft()
-            if waiting.id in self.sequences:
+            if self.sequences.get(waiting.id) is waiting:
                 self._place(waiting)
                 break
 
+    # -- batches -----------------------------------------------------------------------------
     def busy(self) -> bool:
-        return any(s.pending or s.running for s in self.sequences.values())
+        return any(s.busy() for s in self.sequences.values())
 
     async def drained(self) -> None:
         await self._drain.wait()
 
     def pump(self) -> None:
         idle = self.pool.idle
-        for seq in list(self.sequences.values()):
-            if seq.running is not None or not seq.pending or seq.instance is None or seq.instance not in idle:
+        for instance in list(idle):
+            slots = self.slots.get(id(instance))
+            if slots is None:
                 continue
-            idle.remove(seq.instance)
-            request = seq.pending.popleft()
-            seq.running = request
-            request.future.add_done_callback(lambda _, s=seq: self._finished(s))
-            seq.instance.run([request])
+            batch = self._oldest_batch(slots) if self.oldest else self._direct_batch(slots)
+            if batch:
+                idle.remove(instance)
+                instance.run(batch)
         self._drain.wake()
 
-    def _finished(self, seq: Sequence) -> None:
-        seq.running = None
-        seq.last_active = time.monotonic()
-        if seq.ended and not seq.pending:
-            self._release(seq)
+    def _direct_batch(self, slots: list[Sequence | None]) -> list[InferRequest] | None:
+        """The next request of every slot that has one, each in its slot's row, placeholders between."""
+        top, first = -1, None
+        for index, seq in enumerate(slots):
+            if seq is not None and seq.pending:
+                top = index
+                if first is None:
+                    first = seq.pending[0]
+        if first is None:
+            return None
+        batch = []
+        for index in range(top + 1):
+            seq = slots[index]
+            # a request whose shapes differ from the batch's waits for a later one
+            if seq is not None and seq.pending and seq.pending[0].shape_key == first.shape_key:
+                batch.append(self._take(seq))
+            else:
+                batch.append(self._placeholder(first))
+        return batch
+
+    def _oldest_batch(self, slots: list[Sequence | None]) -> list[InferRequest] | None:
+        """The oldest next requests of the instance's sequences, batched by the dynamic batcher's rules."""
+        heads = sorted((seq.pending[0].arrival_ns, seq.slot, seq) for seq in slots if seq is not None and seq.pending)
+        if not heads:
+            return None
+        queue = deque(seq.pending[0] for _, _, seq in heads)
+        owner = {id(seq.pending[0]): seq for _, _, seq in heads}
+        taken, wake_ns = self.policy.take(queue, time.monotonic_ns())
+        if taken is None:
+            if wake_ns is not None and self._delay is None:
+                delay = max(0.0, (wake_ns - time.monotonic_ns()) / 1e9)
+                self._delay = asyncio.get_running_loop().call_later(delay, self._delay_over)
+            return None
+        return [self._take(owner[id(request)]) for request in taken]
+
+    def _delay_over(self) -> None:
+        self._delay = None
         self.pump()
 
+    def _take(self, seq: Sequence) -> InferRequest:
+        """A sequence's next request, into a batch; a sequence whose END goes gives up its slot, which
+        the next batch of the instance may fill (it runs after this one)."""
+        request = seq.pending.popleft()
+        seq.in_flight += 1
+        request.future.add_done_callback(lambda _: self._answered(seq))
+        if seq.ended and not seq.pending:
+            self._release(seq)
+        return request
+
+    def _answered(self, seq: Sequence) -> None:
+        seq.in_flight -= 1
+        seq.last_active = time.monotonic()
+        if not seq.busy():
+            self._drain.wake()
+
+    # -- idle sequences, failures ----------------------------------------------------------------
     def _arm_idle_timer(self) -> None:
         if self._timer is None and self.sequences:
             self._timer = asyncio.get_running_loop().call_later(self.idle_secs, self._expire_idle)
@@ -175,10 +289,10 @@ class SequenceScheduler:
         self._timer = None
         now = time.monotonic()
         for seq in list(self.sequences.values()):
-            if seq.running is None and not seq.pending and now - seq.last_active >= self.idle_secs:
+            if not seq.busy() and now - seq.last_active >= self.idle_secs:
                 log.info("sequence %s of model '%s' idled out after %.1fs", seq.id, self.model, self.idle_secs)
                 self._release(seq)
-        self.pump()  # a released place may let a waiting sequence run
+        self.pump()  # a released slot may let a waiting sequence run
         self._arm_idle_timer()
 
     def fail_all(self, error: Exception) -> None:
