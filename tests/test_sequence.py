@@ -177,3 +177,12 @@ def test_oldest_batches_the_oldest_requests_of_different_sequences(start_server,
     assert answers == {1: (11, 0, 1), 3: (303, 0, 2), 2: (202, 1, 2)}  # the oldest first
     stats = client.get_inference_statistics("sequence_slots")["model_stats"][0]
     assert stats["inference_count"] == 6 and stats["execution_count"] == 5
+
+
+def test_a_sequence_started_again_before_its_end_keeps_its_slot(server):
+    client = httpclient.InferenceServerClient(server.url)
+    assert _send(client, httpclient, 1, sequence_id=66, sequence_start=True) == (1, 66)
+    assert _send(client, httpclient, 5, sequence_id=66, sequence_start=True) == (5, 66)  # START resets the sum
+    assert _send(client, httpclient, 2, sequence_id=66, sequence_end=True) == (7, 66)
+    server.wait_until(lambda: "sequence 66 of model 'accumulate' started again before it ended" in server.log(), 10,
+                      "the warning")

@@ -23,6 +23,7 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -47,6 +48,7 @@ class Sequence:
     in_flight: int = 0  # its requests sent to the instance and not yet answered
     last_active: float = 0.0
     ended: bool = False  # its END request has come
+    corrid: bytes | None = None  # its CORRID control's element, made once
 
     def busy(self) -> bool:
         return bool(self.pending) or self.in_flight > 0
@@ -66,6 +68,22 @@ def _control_value(control, on: bool, corrid) -> tuple[str, bytes]:
     return "BOOL", np.array([control.bool_false_true[int(on)] if control.bool_false_true else on], np.bool_).tobytes()
 
 
+@dataclass(frozen=True)
+class _Control:
+    """One control input as every request gets it: its values made once (CORRID's once per sequence)."""
+
+    name: str
+    kind: int
+    datatype: str
+    values: tuple[bytes, bytes]  # (false, true); CORRID's: (for no sequence, unused)
+    config: Any  # its ModelSequenceBatching.Control
+
+    @classmethod
+    def of(cls, name: str, control) -> _Control:
+        datatype, off = _control_value(control, False, 0)
+        return cls(name, control.kind, datatype, (off, _control_value(control, True, 0)[1]), control)
+
+
 def _zeros(t: Tensor) -> bytes:
     """A tensor of `t`'s type and shape, all zeros (BYTES: empty elements)."""
     count = datatypes.element_count(t.shape)
@@ -83,10 +101,10 @@ class SequenceScheduler:
         self.pool = pool
         self.model = config.name
         sb = config.sequence_batching
-        self.controls = [(c.name, control) for c in sb.control_input for control in c.control]
-        self.control_names = {name for name, _ in self.controls}
-        numeric = [mc.DataType.Name(control.data_type)[len("TYPE_"):] for _, control in self.controls
-                   if control.kind == Kind.CONTROL_SEQUENCE_CORRID and control.data_type != mc.TYPE_STRING]
+        self.controls = [_Control.of(c.name, control) for c in sb.control_input for control in c.control]
+        self.control_names = {c.name for c in self.controls}
+        numeric = [mc.DataType.Name(c.config.data_type)[len("TYPE_"):] for c in self.controls
+                   if c.kind == Kind.CONTROL_SEQUENCE_CORRID and c.config.data_type != mc.TYPE_STRING]
         self.numeric_corrid = numeric[0] if numeric else ""  # the CORRID input's numeric type, if it has one
         self.idle_secs = (sb.max_sequence_idle_microseconds or 1_000_000) / 1e6
         self.batched = config.max_batch_size > 0
@@ -132,10 +150,9 @@ class SequenceScheduler:
     def submit(self, request: InferRequest) -> asyncio.Future:
         corrid, start, end = self._ids(request)
         seq = self.sequences.get(corrid)
-        if start:
-            if seq is not None and not seq.ended:
-                log.warning("sequence %s of model '%s' started again before it ended", corrid, self.model)
-                self._release(seq)
+        if start and seq is not None and not seq.ended:  # it keeps its slot: the new start runs after its requests
+            log.warning("sequence %s of model '%s' started again before it ended", corrid, self.model)
+        elif start:
             seq = Sequence(corrid)
             self.sequences[corrid] = seq
             self._place(seq)
@@ -146,20 +163,28 @@ class SequenceScheduler:
         seq.last_active = time.monotonic()
         request.arrival_ns = time.monotonic_ns()
         request.future = asyncio.get_running_loop().create_future()
-        self._add_controls(request, corrid, start, end, True)
+        if seq.corrid is None:
+            seq.corrid = next((_control_value(c.config, True, corrid)[1] for c in self.controls
+                               if c.kind == Kind.CONTROL_SEQUENCE_CORRID), b"")
+        self._add_controls(request, seq.corrid, start, end, True)
         seq.pending.append(request)
         self.pump()
         self._arm_idle_timer()
         return request.future
 
-    def _add_controls(self, request: InferRequest, corrid, start: bool, end: bool, ready: bool) -> None:
-        for name, control in self.controls:
-            on = {Kind.CONTROL_SEQUENCE_START: start, Kind.CONTROL_SEQUENCE_END: end,
-                  Kind.CONTROL_SEQUENCE_READY: ready, Kind.CONTROL_SEQUENCE_CORRID: True}[control.kind]
-            datatype, one = _control_value(control, on, corrid)
-            rows = request.batch_size if self.batched else 1
-            shape = [rows, 1] if self.batched else [1]
-            request.inputs.append(Tensor(name, datatype, shape, one * rows))
+    def _add_controls(self, request: InferRequest, corrid: bytes | None, start: bool, end: bool, ready: bool) -> None:
+        """The control inputs of one request (a sequence's requests are one row each); `corrid`: the
+        sequence's CORRID element (None: a placeholder's, 0)."""
+        shape = [1, 1] if self.batched else [1]
+        for c in self.controls:
+            kind = c.kind
+            if kind == Kind.CONTROL_SEQUENCE_CORRID:
+                data = c.values[0] if corrid is None else corrid
+            else:
+                on = start if kind == Kind.CONTROL_SEQUENCE_START else end if kind == Kind.CONTROL_SEQUENCE_END \
+                    else ready
+                data = c.values[on]
+            request.inputs.append(Tensor(c.name, c.datatype, list(shape), data))
 
     def _placeholder(self, like: InferRequest) -> InferRequest:
         """A Direct batch's row for a slot with no request: `like`'s inputs with their data zeroed, READY
@@ -169,7 +194,7 @@ class SequenceScheduler:
         null = InferRequest(like.model_name, like.model_version, "", inputs, like.outputs, {},
                             batch_size=like.batch_size, shape_key=like.shape_key, arrival_ns=time.monotonic_ns(),
                             null=True, cancellable=False)
-        self._add_controls(null, 0, False, False, False)
+        self._add_controls(null, None, False, False, False)
         null.future = asyncio.get_running_loop().create_future()
         null.future.add_done_callback(_retrieve)
         if self.pool.decoupled:
