@@ -2,7 +2,7 @@
 walked with all of them loaded (tests/test_whole_server.py). A new kind of model or path joins here,
 with a probe: a request it answers and what the answer must be.
 
-Kinds: ONNX, python, BLS, decoupled, sequence, ensemble, classification, each CPU framework
+Kinds: ONNX, ONNX with reshaped tensors, python, BLS, decoupled, sequence, ensemble, classification, each CPU framework
 (OpenVINO, TensorFlow, PyTorch), a model without inputs (with a readiness check of its own), a model
 that fails to load and one that crash-loops once asked to."""
 
@@ -120,6 +120,12 @@ def build(root: Path, example_repo: Path) -> dict[str, Probe | None]:
         shutil.copytree(TEST_MODELS / name, root / name)
     (root / "pipeline" / "1").mkdir(parents=True)
     (root / "pipeline" / "config.pbtxt").write_text(PIPELINE)
+    shutil.copytree(example_repo / "add" / "1", root / "add_reshaped" / "1")
+    (root / "add_reshaped" / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\ndynamic_batching { }\n'
+        'input [ { name: "A", data_type: TYPE_FP32, dims: [ 3, 1 ], reshape: { shape: [ 3 ] } },\n'
+        '        { name: "B", data_type: TYPE_FP32, dims: [ 3 ] } ]\n'
+        'output [ { name: "C", data_type: TYPE_FP32, dims: [ 1, 3 ], reshape: { shape: [ 3 ] } } ]\n')
 
     scratch = root.parent / "scratch"
     scratch.mkdir()
@@ -152,6 +158,7 @@ def build(root: Path, example_repo: Path) -> dict[str, Probe | None]:
                             outputs=["SUM"]),
         "scores": Probe({"X": np.array([[1, 3, 2, 0]], np.float32)}, _equal("Y", [[1, 3, 2, 0]])),
         "pipeline": Probe({"IN_A": row, "IN_B": ONES}, _equal("DOUBLED", (row + 1) * 2)),
+        "add_reshaped": Probe({"A": row.reshape(1, 3, 1), "B": ONES}, _equal("C", (row + 1).reshape(1, 1, 3))),
         "ov_add": Probe({"A": row, "B": ONES}, _equal("C", row + 1)),
         "tf_graphdef": Probe({"x": row}, _equal("y", row * 2 + 1)),
         "torch_addsub": Probe({"INPUT__0": row, "INPUT__1": ONES}, _equal("OUTPUT__0", row + 1)),

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from .. import datatypes
 from ..errors import ServerError, Status
 from ..inference import InferRequest, InferResponse, Tensor
+from ..repository.reshape import Reshapes
 from . import buffers, transport
 from .arena import Arena
 from .shm_registry import ShmRef
@@ -50,11 +51,13 @@ def _shm_outputs(request: InferRequest) -> list[transport.TensorRef]:
 
 
 def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena,
-           out_arena: int = 0, in_arena: int = 0, cancels: bool = False) -> tuple[bytes, list]:
+           out_arena: int = 0, in_arena: int = 0, cancels: bool = False,
+           reshapes: Reshapes | None = None) -> tuple[bytes, list]:
     """The Execute header and tensor frames for `batch`; large inputs are written into `arena` (the
     worker's input arena number `in_arena`), and the worker writes large outputs into its output
     arena number `out_arena`. `cancels`: a batch sent ahead whose requests may be cancelled before
-    it starts (the worker then leaves those out)."""
+    it starts (the worker then leaves those out). `reshapes`: the model's, applied to the inputs'
+    shapes."""
     arena.reset()
     frames: list = []
     if merge:
@@ -101,6 +104,9 @@ def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena,
                 if o.shm is not None:
                     shm.append(_shm_ref(o.name, "", [], o.shm))
             headers.append(transport.RequestHeader(r.id, refs, names, r.parameters, shm_outputs=shm))
+    if reshapes is not None:
+        for header in headers:
+            reshapes.refs_to_model(header.inputs)
     return transport.encode(transport.Execute(batch_id, headers, out_arena, in_arena, cancels)), frames
 
 

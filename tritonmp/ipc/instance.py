@@ -143,9 +143,16 @@ class Instance(WorkerProcess):
     # -- messages from the worker ----------------------------------------------------------
     def on_message(self, kind: bytes, header: memoryview, frames: list[memoryview]) -> None:
         if kind == transport.RESULT:
-            self._on_result(transport.decode(transport.Result, header), frames)
+            result = transport.decode(transport.Result, header)
+            if self.pool.reshapes is not None:  # the outputs in the shapes the client is given
+                for response in result.responses:
+                    self.pool.reshapes.refs_to_client(response.outputs)
+            self._on_result(result, frames)
         elif kind == transport.STREAM:
-            self._on_stream(transport.decode(transport.StreamResponse, header), frames)
+            stream = transport.decode(transport.StreamResponse, header)
+            if self.pool.reshapes is not None:
+                self.pool.reshapes.refs_to_client(stream.outputs)
+            self._on_stream(stream, frames)
         elif kind == transport.LOG:
             line = transport.decode(transport.Log, header)
             self.model_log.log(MODEL_LOG_LEVELS.get(line.level, logging.INFO), "%s", line.message)
@@ -211,7 +218,8 @@ class Instance(WorkerProcess):
         now = time.monotonic_ns()
         self._watch_streams(batch, self.batch_id)
         self.batch_in, self.batch_out = 0, self.outputs.take()
-        header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arenas[0], self.batch_out)
+        header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arenas[0], self.batch_out,
+                                         reshapes=self.pool.reshapes)
         self.encode_ns = time.monotonic_ns() - now
         self._started(batch, now)
         self.channel.send(transport.EXECUTE, header, frames)
@@ -237,7 +245,7 @@ class Instance(WorkerProcess):
         in_arena, out_arena = 1 - self.batch_in, self.outputs.take()
         cancels = any(r.cancellable for r in batch)
         header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arenas[in_arena], out_arena,
-                                         in_arena, cancels)
+                                         in_arena, cancels, self.pool.reshapes)
         self.ahead = Ahead(batch, self.batch_id, in_arena, out_arena, time.monotonic_ns() - started)
         self.channel.send(transport.EXECUTE, header, frames)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from ..errors import ServerError, Status
 from ..inference import InferRequest
 from ..observability.stats import ModelStats
+from ..repository.reshape import Reshapes
 from .busy_poll import BusyPoll
 from .instance import Instance
 from .model_calls import ModelServices
@@ -36,6 +37,7 @@ class PoolSettings:
     busy_poll: BusyPoll = NO_BUSY_POLL  # the server's polling window (--busy-poll-us)
     decoupled: bool = False  # responses stream back, any number per request
     warmup: list = field(default_factory=list)  # (sample name, count, request template), run before READY
+    reshapes: Reshapes | None = None  # the config's reshapes of inputs and outputs, applied at the wire
 
 
 class InstancePool:
@@ -59,6 +61,7 @@ class InstancePool:
         self.load_timeout = settings.load_timeout
         self.heap_retain_bytes = settings.heap_retain_bytes
         self.warmup = settings.warmup
+        self.reshapes = settings.reshapes
         self.merge = backend != "python"  # a batch's requests are merged into one set of tensors
         self.senders = backend == "python"  # a request may be answered through its response sender
         self.null_rows = False  # batches may hold placeholder rows (InferRequest.null): the sequence batcher's

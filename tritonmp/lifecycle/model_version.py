@@ -17,6 +17,7 @@ from ..ipc.pool import NO_BUSY_POLL, InstancePool, InstanceSpec, LoadError, Mode
 from ..logs import get_logger
 from ..repository import config as cfg
 from ..repository.gpu_support import gpu_capable, why_not
+from ..repository.reshape import Reshapes
 from ..repository.warmup import warmup_requests
 from ..scheduling.scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
 from ..scheduling.sequence import SequenceScheduler
@@ -47,7 +48,8 @@ class ModelVersion:
             arena_bytes=settings.arena_bytes, log_verbose=settings.log_verbose, gpus=settings.gpus,
             execution_timeout=_execution_timeout(c, settings.execution_timeout), load_timeout=settings.load_timeout,
             heap_retain_bytes=settings.heap_retain_bytes, busy_poll=poll,
-            decoupled=c.model_transaction_policy.decoupled, warmup=warmup_requests(c, completed.model_dir))
+            decoupled=c.model_transaction_policy.decoupled, warmup=warmup_requests(c, completed.model_dir),
+            reshapes=Reshapes.of(c))
         self.pool = InstancePool(name, version, completed.model_dir, completed.backend, json.dumps(self.config_json),
                                  specs, self.outputs, pool_settings, services, self._crash_looped)
         db = c.dynamic_batching if c.HasField("dynamic_batching") else None

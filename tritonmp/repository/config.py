@@ -16,7 +16,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import datatypes
-from . import model_io, onnx_graph, warmup
+from . import model_io, onnx_graph, reshape, warmup
 from .problems import ConfigProblem
 
 ModelConfig = mc.ModelConfig
@@ -342,12 +342,12 @@ def _check_tensors(kind: str, tensors, config: mc.ModelConfig, path: str) -> lis
         if any(d < -1 or d == 0 for d in t.dims):
             problems.append(ConfigProblem(path, field + ".dims", f"{list(t.dims)}: each dimension must "
                                           "be a positive size or -1 for a variable one"))
-        if not t.dims and not t.HasField("reshape"):
+        if not t.dims:
             problems.append(ConfigProblem(path, field + ".dims", "missing; give the tensor's shape "
                                           "(without the batch dimension when max_batch_size > 0)"))
-        if t.HasField("reshape"):
-            problems.append(ConfigProblem(path, field + ".reshape", "reshape is not supported by this "
-                                          "server yet; give dims as the model sees them"))
+        else:
+            problems += [ConfigProblem(path, field + ".reshape", message)
+                         for message in reshape.problems(t, kind, config.max_batch_size)]
         label_file = getattr(t, "label_filename", "")
         if label_file and not os.path.isfile(os.path.join(os.path.dirname(path), label_file)):
             problems.append(ConfigProblem(path, field + ".label_filename", f"'{label_file}' is not a file in "
@@ -381,6 +381,12 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
                 problems.append(ConfigProblem(path, "dynamic_batching.preferred_batch_size",
                                               f"{size} must lie between 1 and max_batch_size "
                                               f"({config.max_batch_size})"))
+    ragged = [f"input '{t.name}' allow_ragged_batch" for t in config.input if t.allow_ragged_batch]
+    ragged += ["batch_input"] * bool(config.batch_input) + ["batch_output"] * bool(config.batch_output)
+    if ragged:
+        problems.append(ConfigProblem(path, "batch_input" if config.batch_input else "batch_output"
+                                      if config.batch_output else "input", "ragged batching (" + ", ".join(ragged)
+                                      + ") is not supported by this server yet"))
     if config.HasField("sequence_batching"):
         sb = config.sequence_batching
         if config.HasField("dynamic_batching"):
@@ -392,6 +398,10 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
         if sb.iterative_sequence and config.backend != "python":
             problems.append(ConfigProblem(path, "sequence_batching.iterative_sequence", "not supported by this "
                                           "server yet"))
+        if sb.WhichOneof("strategy_choice") == "direct" and sb.direct.minimum_slot_utilization > 0:
+            problems.append(ConfigProblem(path, "sequence_batching.direct.minimum_slot_utilization", "not "
+                                          "supported by this server yet: a Direct batch runs as soon as its "
+                                          "instance is free"))
         for i, c in enumerate(sb.control_input):
             for control in c.control:
                 if control.kind == mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:

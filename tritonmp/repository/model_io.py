@@ -44,7 +44,7 @@ def from_specs(specs: list[dict]) -> list[GraphTensor]:
 
 def batchable(graph) -> bool:
     """Every tensor has a variable first dimension and more after it (a tensor that is only the
-    batch dimension would need a reshape, which this server does not do: such a model is served
+    batch dimension would need a reshape, which auto-complete does not add: such a model is served
     unbatched, its dims [-1])."""
     tensors = graph[0] + graph[1]
     return bool(tensors) and all(t.shape and len(t.shape) > 1 and t.shape[0] == -1 for t in tensors)
@@ -103,17 +103,21 @@ def check(config: mc.ModelConfig, graph, path: str, what: str = "ONNX model", al
                     f"{what} has {mc.DataType.Name(g.data_type)}"))
             if g.shape is None:
                 continue
-            full = ([-1] if batched else []) + list(t.dims)
+            # what the model sees: the reshape where the config gives one
+            reshaped = t.HasField("reshape")
+            dims = list(t.reshape.shape) if reshaped else list(t.dims)
+            field += ".reshape.shape" if reshaped else ".dims"
+            full = ([-1] if batched else []) + dims
             if len(full) != len(g.shape):
                 hint = ""
-                if batched and len(t.dims) == len(g.shape):
+                if batched and len(dims) == len(g.shape):
                     hint = (f"; dims exclude the batch dimension when max_batch_size > 0, so use "
                             f"dims: {_fmt(g.shape[1:])}")
-                elif not batched and len(t.dims) + 1 == len(g.shape):
+                elif not batched and len(dims) + 1 == len(g.shape):
                     hint = "; with max_batch_size 0, dims must include the batch dimension"
                 problems.append(ConfigProblem(
-                    path, field + ".dims",
-                    f"{_fmt(t.dims)} for '{t.name}' with max_batch_size {config.max_batch_size} gives "
+                    path, field,
+                    f"{_fmt(dims)} for '{t.name}' with max_batch_size {config.max_batch_size} gives "
                     f"{len(full)} dimensions {_fmt(full)}, but the {what}'s '{t.name}' has "
                     f"{len(g.shape)} dimensions {_fmt(g.shape)}{hint}"))
                 continue
@@ -130,7 +134,7 @@ def check(config: mc.ModelConfig, graph, path: str, what: str = "ONNX model", al
             for want, have in zip(full, g.shape):
                 if want != -1 and have != -1 and want != have:
                     problems.append(ConfigProblem(
-                        path, field + ".dims", f"{_fmt(t.dims)} for '{t.name}' does not match the "
+                        path, field, f"{_fmt(dims)} for '{t.name}' does not match the "
                         f"{what}'s shape {_fmt(g.shape)}"))
                     break
     if all_inputs:
