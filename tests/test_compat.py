@@ -921,3 +921,56 @@ def test_forwarded_headers_reach_the_model_alike(tmp_path):
             result = client.infer("params", [x], headers={"tenant-id": "t1", "other": "no"})
             answers.append((via_http, orjson.loads(result.as_numpy("P")[0])))
         assert answers[0] == answers[1] == ({"own": 1, "X-Tenant": "blue", "Tenant-Region": "eu"}, {"tenant-id": "t1"})
+
+
+@pytest.mark.parametrize("strategy", ["direct", "oldest"])
+def test_sequence_batch_rows_and_placeholders_match(tmp_path, strategy):
+    """Where each request of a sequence runs: its row of the batch and the batch's size (Direct's
+    placeholder rows below it, READY false), with the sums the model keeps per sequence."""
+    import tritonclient.http as httpclient
+
+    repo = tmp_path / "repo"
+    shutil.copytree(TEST_MODELS / "sequence_slots", repo / "sequence_slots")
+    if strategy == "oldest":
+        config = repo / "sequence_slots" / "config.pbtxt"
+        config.write_text(config.read_text().replace(
+            "max_sequence_idle_microseconds: 30000000",
+            "max_sequence_idle_microseconds: 30000000\n  oldest { max_candidate_sequences: 4 }"))
+    steps = [(1, 1, {"sequence_start": True}), (2, 2, {"sequence_start": True}), (3, 3, {"sequence_start": True}),
+             (4, 2, {}), (5, 3, {"sequence_end": True}), (6, 1, {}), (7, 4, {"sequence_start": True}),
+             (8, 4, {}), (9, 1, {"sequence_end": True}), (10, 2, {"sequence_end": True}),
+             (11, 4, {"sequence_end": True})]
+    with both_serving(repo, tmp_path) as (ours, ref):
+        answers = []
+        for server in (ours, ref):
+            client = httpclient.InferenceServerClient(server.url if server is ours else f"127.0.0.1:{ref.http_port}")
+            seen = []
+            for x, seq, flags in steps:
+                inp = httpclient.InferInput("X", [1, 1], "INT32")
+                inp.set_data_from_numpy(np.array([[x]], np.int32))
+                result = client.infer("sequence_slots", [inp], sequence_id=seq, **flags)
+                seen.append(tuple(int(result.as_numpy(n)[0, 0]) for n in ("SUM", "ROW", "BATCH")))
+            answers.append(seen)
+        assert answers[0] == answers[1]
+
+
+def test_reshaped_tensors_match(tmp_path):
+    """A python model whose input and output are reshaped: the shape it sees, and what clients get."""
+    import tritonclient.http as httpclient
+    from test_reshape import SHAPES_PY
+
+    repo = tmp_path / "repo"
+    write_model(repo, "shapes_py", SHAPES_PY, 'backend: "python"\nmax_batch_size: 4\n'
+                'input [ { name: "X", data_type: TYPE_INT32, dims: [ 2, -1 ], reshape: { shape: [ 2, 1, -1 ] } } ]\n'
+                'output [ { name: "SEEN", data_type: TYPE_INT64, dims: [ -1 ] },\n'
+                '         { name: "Y", data_type: TYPE_INT32, dims: [ 2, -1 ], reshape: { shape: [ 2, 1, -1 ] } } ]\n')
+    with both_serving(repo, tmp_path) as (ours, ref):
+        answers = []
+        for port in (ours.http_port, ref.http_port):
+            client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+            inp = httpclient.InferInput("X", [1, 2, 3], "INT32")
+            inp.set_data_from_numpy(np.arange(6, dtype=np.int32).reshape(1, 2, 3))
+            result = client.infer("shapes_py", [inp])
+            answers.append((result.as_numpy("SEEN").tolist(), result.as_numpy("Y").tolist(),
+                            client.get_model_metadata("shapes_py")))
+        assert answers[0] == answers[1]

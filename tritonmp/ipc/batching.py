@@ -52,12 +52,12 @@ def _shm_outputs(request: InferRequest) -> list[transport.TensorRef]:
 
 def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena,
            out_arena: int = 0, in_arena: int = 0, cancels: bool = False,
-           reshapes: Reshapes | None = None) -> tuple[bytes, list]:
+           reshapes: Reshapes | None = None, released: list | None = None) -> tuple[bytes, list]:
     """The Execute header and tensor frames for `batch`; large inputs are written into `arena` (the
     worker's input arena number `in_arena`), and the worker writes large outputs into its output
     arena number `out_arena`. `cancels`: a batch sent ahead whose requests may be cancelled before
     it starts (the worker then leaves those out). `reshapes`: the model's, applied to the inputs'
-    shapes."""
+    shapes. `released`: sequences whose implicit state the worker may forget."""
     arena.reset()
     frames: list = []
     if merge:
@@ -78,7 +78,8 @@ def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena,
             outputs = []
         else:
             outputs = sorted({o.name for r in batch for o in r.outputs})
-        headers = [transport.RequestHeader(first.id, refs, outputs, first.parameters, sizes, _shm_outputs(first))]
+        headers = [transport.RequestHeader(first.id, refs, outputs, first.parameters, sizes, _shm_outputs(first),
+                                           [r.sequence for r in batch] if first.sequence is not None else [])]
     else:
         headers = []
         for r in batch:
@@ -103,11 +104,12 @@ def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena,
                 names.append(o.name)
                 if o.shm is not None:
                     shm.append(_shm_ref(o.name, "", [], o.shm))
-            headers.append(transport.RequestHeader(r.id, refs, names, r.parameters, shm_outputs=shm))
+            headers.append(transport.RequestHeader(r.id, refs, names, r.parameters, shm_outputs=shm,
+                                                   sequence=[r.sequence] if r.sequence is not None else []))
     if reshapes is not None:
         for header in headers:
             reshapes.refs_to_model(header.inputs)
-    return transport.encode(transport.Execute(batch_id, headers, out_arena, in_arena, cancels)), frames
+    return transport.encode(transport.Execute(batch_id, headers, out_arena, in_arena, cancels, released or [])), frames
 
 
 def _buffer(ref: transport.TensorRef, frames, read: Callable[[int, int], memoryview] | None):

@@ -207,8 +207,9 @@ class Instance(WorkerProcess):
             request.future.set_result(None)
 
     # -- work ------------------------------------------------------------------------------
-    def run(self, batch: list[InferRequest]) -> None:
-        """Send a batch to run now: the instance has none in flight."""
+    def run(self, batch: list[InferRequest], released: list | None = None) -> None:
+        """Send a batch to run now: the instance has none in flight. `released`: sequences whose implicit
+        state the worker may forget."""
         self.batch_id += 1
         if log.isEnabledFor(logging.DEBUG):
             log.debug("batch %d of %d request(s) %s to instance '%s' of model '%s'", self.batch_id, len(batch),
@@ -219,7 +220,7 @@ class Instance(WorkerProcess):
         self._watch_streams(batch, self.batch_id)
         self.batch_in, self.batch_out = 0, self.outputs.take()
         header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arenas[0], self.batch_out,
-                                         reshapes=self.pool.reshapes)
+                                         reshapes=self.pool.reshapes, released=released)
         self.encode_ns = time.monotonic_ns() - now
         self._started(batch, now)
         self.channel.send(transport.EXECUTE, header, frames)

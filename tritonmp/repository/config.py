@@ -355,6 +355,37 @@ def _check_tensors(kind: str, tensors, config: mc.ModelConfig, path: str) -> lis
     return problems
 
 
+def _check_states(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
+    """sequence_batching.state: implicit state, which the server gives the model as an input with every
+    request of a sequence and takes back from its output."""
+    problems = []
+    inputs = {t.name for t in config.input}
+    model_dir = os.path.dirname(path)
+    for i, state in enumerate(config.sequence_batching.state):
+        field = f"sequence_batching.state[{i}]"
+        if not state.input_name or not state.output_name:
+            problems.append(ConfigProblem(path, field, "needs input_name and output_name"))
+        if state.input_name in inputs:
+            problems.append(ConfigProblem(path, field + ".input_name", f"'{state.input_name}' is also listed as a "
+                                          "model input; a state's input is given by the server, not by clients"))
+        if state.data_type == mc.TYPE_INVALID or not state.dims:
+            problems.append(ConfigProblem(path, field, "needs data_type and dims"))
+        if config.model_transaction_policy.decoupled:
+            problems.append(ConfigProblem(path, field, "implicit state with a decoupled model is not supported by "
+                                          "this server yet"))
+        for init in state.initial_state:
+            where = field + ".initial_state"
+            if any(d < 1 for d in init.dims):
+                problems.append(ConfigProblem(path, where + ".dims", "an initial state has fixed dimensions"))
+            if init.WhichOneof("state_data") is None:
+                problems.append(ConfigProblem(path, where, "needs zero_data or data_file"))
+            elif init.WhichOneof("state_data") == "data_file" and \
+                    not os.path.isfile(os.path.join(model_dir, "initial_state", init.data_file)):
+                problems.append(ConfigProblem(path, where + ".data_file", f"'{init.data_file}' is not a file in "
+                                              "the model's initial_state directory"))
+    return problems
+
+
 def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
     problems = []
     if config.max_batch_size < 0:
@@ -392,9 +423,7 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
         if config.HasField("dynamic_batching"):
             problems.append(ConfigProblem(path, "sequence_batching", "a model has either dynamic_batching or "
                                           "sequence_batching, not both"))
-        if sb.state:
-            problems.append(ConfigProblem(path, "sequence_batching.state", "implicit state is not supported by "
-                                          "this server yet; keep the state in the model"))
+        problems += _check_states(config, path)
         if sb.iterative_sequence and config.backend != "python":
             problems.append(ConfigProblem(path, "sequence_batching.iterative_sequence", "not supported by this "
                                           "server yet"))

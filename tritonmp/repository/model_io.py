@@ -63,10 +63,13 @@ def complete(config: mc.ModelConfig, graph, max_batch_size: int = DEFAULT_MAX_BA
         if not config.HasField("dynamic_batching") and not config.HasField("sequence_batching"):
             config.dynamic_batching.SetInParent()
     skip = 1 if config.max_batch_size > 0 else 0
+    states = {n for s in config.sequence_batching.state for n in (s.input_name, s.output_name)}
     for target, tensors in ((config.input, inputs), (config.output, outputs)):
         if target:
             continue
         for t in tensors:
+            if t.name in states:  # implicit state: the server gives and keeps it, clients never see it
+                continue
             entry = target.add()
             entry.name = t.name
             entry.data_type = t.data_type
@@ -137,8 +140,8 @@ def check(config: mc.ModelConfig, graph, path: str, what: str = "ONNX model", al
                         path, field, f"{_fmt(dims)} for '{t.name}' does not match the "
                         f"{what}'s shape {_fmt(g.shape)}"))
                     break
-    if all_inputs:
-        declared = {t.name for t in config.input}
+    if all_inputs:  # a state's input is the server's to give
+        declared = {t.name for t in config.input} | {s.input_name for s in config.sequence_batching.state}
         missing = [t.name for t in graph[0] if t.name not in declared]
         if missing:
             problems.append(ConfigProblem(path, "input", f"the {what} also takes " + ", ".join(

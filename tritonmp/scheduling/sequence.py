@@ -108,6 +108,8 @@ class SequenceScheduler:
         self.numeric_corrid = numeric[0] if numeric else ""  # the CORRID input's numeric type, if it has one
         self.idle_secs = (sb.max_sequence_idle_microseconds or 1_000_000) / 1e6
         self.batched = config.max_batch_size > 0
+        self.has_state = bool(sb.state)  # implicit state, kept by the worker: each row says whose it is
+        self.released: dict[int, list] = {}  # instance -> sequences given up, whose state its worker may forget
         self.oldest = sb.WhichOneof("strategy_choice") == "oldest"
         if self.oldest:
             o = sb.oldest
@@ -167,6 +169,8 @@ class SequenceScheduler:
             seq.corrid = next((_control_value(c.config, True, corrid)[1] for c in self.controls
                                if c.kind == Kind.CONTROL_SEQUENCE_CORRID), b"")
         self._add_controls(request, seq.corrid, start, end, True)
+        if self.has_state:
+            request.sequence = [corrid, start, end]
         seq.pending.append(request)
         self.pump()
         self._arm_idle_timer()
@@ -195,6 +199,8 @@ class SequenceScheduler:
                             batch_size=like.batch_size, shape_key=like.shape_key, arrival_ns=time.monotonic_ns(),
                             null=True, cancellable=False)
         self._add_controls(null, None, False, False, False)
+        if self.has_state:
+            null.sequence = [None, False, False]
         null.future = asyncio.get_running_loop().create_future()
         null.future.add_done_callback(_retrieve)
         if self.pool.decoupled:
@@ -247,7 +253,7 @@ class SequenceScheduler:
             batch = self._oldest_batch(slots) if self.oldest else self._direct_batch(slots)
             if batch:
                 idle.remove(instance)
-                instance.run(batch)
+                instance.run(batch, self.released.pop(id(instance), None))
         self._drain.wake()
 
     def _direct_batch(self, slots: list[Sequence | None]) -> list[InferRequest] | None:
@@ -316,6 +322,8 @@ class SequenceScheduler:
         for seq in list(self.sequences.values()):
             if not seq.busy() and now - seq.last_active >= self.idle_secs:
                 log.info("sequence %s of model '%s' idled out after %.1fs", seq.id, self.model, self.idle_secs)
+                if self.has_state and seq.instance is not None:
+                    self.released.setdefault(id(seq.instance), []).append(seq.id)
                 self._release(seq)
         self.pump()  # a released slot may let a waiting sequence run
         self._arm_idle_timer()

@@ -31,6 +31,7 @@ from .client_shm import ClientRegions
 from .cuda_shm import CudaRegions
 from .heap import HeapRetention
 from .inbox import Inbox
+from .sequence_state import SequenceStates
 
 PR_SET_PDEATHSIG = 1
 
@@ -84,6 +85,7 @@ class Worker:
         self.out_arenas = [Arena(name, 0, create=False) for name in spec.out_arenas]
         self.out_arena = self.out_arenas[0]
         self.backend: Backend | None = None
+        self.states: SequenceStates | None = None  # a model with implicit sequence state: what it keeps
         self.client_regions = ClientRegions()
         self.cuda_regions = CudaRegions(spec.device_id, spec.kind, spec.instance_name)
         # messages a model queued to go before the worker's next one (custom metrics it released)
@@ -137,6 +139,8 @@ class Worker:
         try:
             config = json.loads(self.spec.config_json)
             self.backend = load_backend(self.spec, config, self)
+            if config.get("sequence_batching", {}).get("state"):
+                self.states = SequenceStates(config, self.spec.model_dir)
             inputs, outputs = self.backend.metadata()
             detail = self.backend.detail
         except BackendError as e:
@@ -253,6 +257,11 @@ class Worker:
             return
         backend = self.backend
         assert backend is not None, "batches come only after the model loaded"
+        states = self.states
+        if states is not None:
+            states.release(header.released)
+            for request, r in zip(requests, header.requests):
+                states.prepare(request, r.sequence)
         on_device = backend.writes_device_outputs
         try:
             for request, r in zip(requests, header.requests):
@@ -303,6 +312,8 @@ class Worker:
                                                                                    or responses[index].rescheduled))])
         encode = self.encode_tensor
         for sent, answer in zip(header.requests, responses):
+            if states is not None:
+                states.keep(answer, sent.sequence, sent.outputs)
             dests = {d.name: d for d in sent.shm_outputs} if sent.shm_outputs else None
             try:
                 refs = [encode(t, out_frames, dests.get(t.name) if dests else None) for t in answer.outputs]
