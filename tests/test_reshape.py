@@ -124,22 +124,3 @@ def test_reshapes_triton_refuses_are_refused_in_its_words(tmp_path):
     assert "fine/" not in out and "6 model(s) checked, 5 problem(s) found" in out
 
 
-def test_what_is_not_served_yet_is_refused_by_name(tmp_path):
-    """Ragged batching and Direct's minimum slot utilization are not served: the config says so,
-    rather than being served as if they were not there."""
-    import subprocess
-
-    write_model(tmp_path, "ragged", SHAPES_PY, 'backend: "python"\nmax_batch_size: 4\n'
-                'input [ { name: "X", data_type: TYPE_INT32, dims: [ -1 ], allow_ragged_batch: true } ]\n'
-                'batch_input [ { kind: BATCH_ELEMENT_COUNT, target_name: "N", data_type: TYPE_INT32, '
-                'source_input: "X" } ]\n'
-                'output [ { name: "Y", data_type: TYPE_INT32, dims: [ -1 ] } ]\n')
-    write_model(tmp_path, "utilization", SHAPES_PY, 'backend: "python"\nmax_batch_size: 4\n'
-                'sequence_batching { direct { minimum_slot_utilization: 0.5 } }\n'
-                'input [ { name: "X", data_type: TYPE_INT32, dims: [ -1 ] } ]\n'
-                'output [ { name: "Y", data_type: TYPE_INT32, dims: [ -1 ] } ]\n')
-    out = subprocess.run([*TRITONMP, "check", str(tmp_path)], capture_output=True, text=True, timeout=120).stdout
-    assert ("ragged/config.pbtxt: batch_input: ragged batching (input 'X' allow_ragged_batch, batch_input) is not "
-            "supported by this server yet") in out
-    assert ("utilization/config.pbtxt: sequence_batching.direct.minimum_slot_utilization: not supported by this "
-            "server yet") in out

@@ -186,3 +186,20 @@ def test_a_sequence_started_again_before_its_end_keeps_its_slot(server):
     assert _send(client, httpclient, 2, sequence_id=66, sequence_end=True) == (7, 66)
     server.wait_until(lambda: "sequence 66 of model 'accumulate' started again before it ended" in server.log(), 10,
                       "the warning")
+
+
+def test_directs_minimum_slot_utilization_is_refused_by_name(tmp_path):
+    """Not served: the config says so, rather than being served as if it were not there."""
+    import subprocess
+
+    from conftest import TEST_MODELS, TRITONMP
+
+    model = tmp_path / "sequence_slots"
+    shutil.copytree(TEST_MODELS / "sequence_slots", model)
+    config = model / "config.pbtxt"
+    config.write_text(config.read_text().replace(
+        "max_sequence_idle_microseconds: 30000000",
+        "max_sequence_idle_microseconds: 30000000\n  direct { minimum_slot_utilization: 0.5 }"))
+    out = subprocess.run([*TRITONMP, "check", str(tmp_path)], capture_output=True, text=True, timeout=120).stdout
+    assert ("sequence_slots/config.pbtxt: sequence_batching.direct.minimum_slot_utilization: not supported by this "
+            "server yet") in out

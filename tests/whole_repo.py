@@ -2,7 +2,8 @@
 walked with all of them loaded (tests/test_whole_server.py). A new kind of model or path joins here,
 with a probe: a request it answers and what the answer must be.
 
-Kinds: ONNX, ONNX with reshaped tensors, python, BLS, decoupled, sequence, ensemble, classification, each CPU framework
+Kinds: ONNX, ONNX with reshaped tensors, ONNX with a ragged input, batch input and batch output,
+python, BLS, decoupled, sequence, ensemble, classification, each CPU framework
 (OpenVINO, TensorFlow, PyTorch), a model without inputs (with a readiness check of its own), a model
 that fails to load and one that crash-loops once asked to."""
 
@@ -120,6 +121,12 @@ def build(root: Path, example_repo: Path) -> dict[str, Probe | None]:
         shutil.copytree(TEST_MODELS / name, root / name)
     (root / "pipeline" / "1").mkdir(parents=True)
     (root / "pipeline" / "config.pbtxt").write_text(PIPELINE)
+    from test_ragged import CONFIG as RAGGED_CONFIG
+    from test_ragged import ragged_onnx
+
+    ragged_onnx(root / "ragged" / "1" / "model.onnx")
+    (root / "ragged" / "config.pbtxt").write_text(RAGGED_CONFIG.replace(
+        "preferred_batch_size: [ 3 ], max_queue_delay_microseconds: 10000000", ""))
     shutil.copytree(example_repo / "add" / "1", root / "add_reshaped" / "1")
     (root / "add_reshaped" / "config.pbtxt").write_text(
         'platform: "onnxruntime_onnx"\nmax_batch_size: 8\ndynamic_batching { }\n'
@@ -158,6 +165,7 @@ def build(root: Path, example_repo: Path) -> dict[str, Probe | None]:
                             outputs=["SUM"]),
         "scores": Probe({"X": np.array([[1, 3, 2, 0]], np.float32)}, _equal("Y", [[1, 3, 2, 0]])),
         "pipeline": Probe({"IN_A": row, "IN_B": ONES}, _equal("DOUBLED", (row + 1) * 2)),
+        "ragged": Probe({"INPUT": row}, lambda out: (_equal("OUT", row * 2)(out), _equal("ENDS", [[3.0]])(out))),
         "add_reshaped": Probe({"A": row.reshape(1, 3, 1), "B": ONES}, _equal("C", (row + 1).reshape(1, 1, 3))),
         "ov_add": Probe({"A": row, "B": ONES}, _equal("C", row + 1)),
         "tf_graphdef": Probe({"x": row}, _equal("y", row * 2 + 1)),

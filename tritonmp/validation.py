@@ -19,6 +19,7 @@ class TensorConfig:
     datatype: str
     dims: tuple[int, ...]
     optional: bool = False
+    ragged: bool = False  # allow_ragged_batch: its shape does not keep requests from batching together
     # the dims as a list (what a request's shape past its batch dimension is compared with), and the
     # bytes of one row of them when every dimension is fixed, else -1: a request whose shape is the
     # configured one then needs no dimension-by-dimension look
@@ -43,6 +44,7 @@ BATCH_NOTE = (" NOTE: Setting a non-zero max_batch_size in the model config requ
 
 
 MAX_DIM = 2**63 - 1
+RAGGED = "ragged"  # a ragged input's place in a request's shape key: any shape batches with any other
 
 
 def check_request(request: InferRequest, model: str, max_batch_size: int, inputs: dict[str, TensorConfig],
@@ -96,7 +98,7 @@ def _one_pass(request: InferRequest, max_batch_size: int, inputs: dict[str, Tens
         if cfg.row_bytes >= 0 and rest == cfg.dims_list:  # the configured shape: its size known
             if nbytes != batch * cfg.row_bytes:
                 return False
-            key.append(cfg.dims)
+            key.append(RAGGED if cfg.ragged else cfg.dims)
             continue
         count = batch
         dims = cfg.dims
@@ -108,7 +110,7 @@ def _one_pass(request: InferRequest, max_batch_size: int, inputs: dict[str, Tens
             count *= d
         if nbytes != count * datatypes.ITEMSIZE[datatype]:
             return False
-        key.append(tuple(rest))
+        key.append(RAGGED if cfg.ragged else tuple(rest))
     if not in_order:  # inputs in configuration order, so that merged batches line up
         if len({t.name for t in tensors}) != len(tensors):  # a name twice (so another missing)
             return False
@@ -208,7 +210,7 @@ def _check_in_order(request: InferRequest, model: str, max_batch_size: int, inpu
             note = BATCH_NOTE if max_batch_size > 0 else ""
             raise invalid(f"{prefix}unexpected shape for input '{t.name}' for model '{model}'. Expected "
                           f"{_fmt(expected)}, got {_fmt(shape)}.{note}")
-        key.append((t.name, tuple(shape[1:]) if max_batch_size > 0 else tuple(shape)))
+        key.append((t.name, RAGGED if cfg.ragged else tuple(shape[1:]) if max_batch_size > 0 else tuple(shape)))
         _check_size(t, prefix, model)
     request.batch_size = batch if max_batch_size > 0 else 1
     if request.outputs is not None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from .. import datatypes
 from ..errors import ServerError, Status
 from ..inference import InferRequest, InferResponse, Tensor
+from ..repository.ragged import Ragged
 from ..repository.reshape import Reshapes
 from . import buffers, transport
 from .arena import Arena
@@ -52,64 +53,83 @@ def _shm_outputs(request: InferRequest) -> list[transport.TensorRef]:
 
 def encode(batch_id: int, batch: list[InferRequest], merge: bool, arena: Arena,
            out_arena: int = 0, in_arena: int = 0, cancels: bool = False,
-           reshapes: Reshapes | None = None, released: list | None = None) -> tuple[bytes, list]:
+           reshapes: Reshapes | None = None, released: list | None = None,
+           ragged: Ragged | None = None) -> tuple[bytes, list]:
     """The Execute header and tensor frames for `batch`; large inputs are written into `arena` (the
     worker's input arena number `in_arena`), and the worker writes large outputs into its output
     arena number `out_arena`. `cancels`: a batch sent ahead whose requests may be cancelled before
     it starts (the worker then leaves those out). `reshapes`: the model's, applied to the inputs'
-    shapes. `released`: sequences whose implicit state the worker may forget."""
+    shapes. `released`: sequences whose implicit state the worker may forget. `ragged`: the model's
+    ragged inputs (each one 1-dimensional tensor of the requests' elements) and batch inputs."""
     arena.reset()
     frames: list = []
-    if merge:
-        first = batch[0]
-        sizes = [r.batch_size for r in batch]
-        total = sum(sizes)
-        refs = []
-        for i, t in enumerate(first.inputs):
-            if isinstance(t.data, ShmRef):  # requests with client shm are never merged
-                refs.append(_shm_ref(t.name, t.datatype, list(t.shape), t.data))
-                continue
-            datas = [r.inputs[i].data for r in batch]
-            shape = [total, *t.shape[1:]] if len(batch) > 1 else list(t.shape)
-            ref = transport.TensorRef(t.name, t.datatype, shape)
-            _place(datas, sum(buffers.nbytes(d) for d in datas), arena, frames, ref)
-            refs.append(ref)
-        if any(r.outputs is None for r in batch):
-            outputs = []
-        else:
-            outputs = sorted({o.name for r in batch for o in r.outputs})
-        headers = [transport.RequestHeader(first.id, refs, outputs, first.parameters, sizes, _shm_outputs(first),
-                                           [r.sequence for r in batch] if first.sequence is not None else [])]
-    else:
-        headers = []
-        for r in batch:
-            refs = []
-            for t in r.inputs:
-                data = t.data
-                kind = type(data)  # small bytes decoded from JSON, or a small view of a binary body: a frame
-                nbytes = len(data) if kind is bytes else data.nbytes if kind is memoryview else -1
-                if 0 <= nbytes < transport.INLINE_LIMIT:
-                    refs.append(transport.TensorRef(t.name, t.datatype, t.shape, len(frames), 0, nbytes))
-                    frames.append(data)
-                    continue
-                if isinstance(data, ShmRef):
-                    refs.append(_shm_ref(t.name, t.datatype, list(t.shape), data))
-                    continue
-                ref = transport.TensorRef(t.name, t.datatype, list(t.shape))
-                _place([data], buffers.nbytes(data), arena, frames, ref)
-                refs.append(ref)
-            names: list = []  # the requested outputs (none: all) and those to write into client regions
-            shm: list = []
-            for o in r.outputs or ():
-                names.append(o.name)
-                if o.shm is not None:
-                    shm.append(_shm_ref(o.name, "", [], o.shm))
-            headers.append(transport.RequestHeader(r.id, refs, names, r.parameters, shm_outputs=shm,
-                                                   sequence=[r.sequence] if r.sequence is not None else []))
+    headers = [_merged(batch, arena, frames, ragged)] if merge else _one_by_one(batch, arena, frames)
     if reshapes is not None:
         for header in headers:
             reshapes.refs_to_model(header.inputs)
     return transport.encode(transport.Execute(batch_id, headers, out_arena, in_arena, cancels, released or [])), frames
+
+
+def _merged(batch: list[InferRequest], arena: Arena, frames: list, ragged: Ragged | None) -> transport.RequestHeader:
+    """A batch's requests as one: each input's rows one after another (a ragged input's elements)."""
+    first = batch[0]
+    sizes = [r.batch_size for r in batch]
+    total = sum(sizes)
+    refs = []
+    for i, t in enumerate(first.inputs):
+        if isinstance(t.data, ShmRef):  # requests with client shm are never merged
+            refs.append(_shm_ref(t.name, t.datatype, list(t.shape), t.data))
+            continue
+        datas = [r.inputs[i].data for r in batch]
+        if ragged is not None and t.name in ragged.inputs:
+            shape = [sum(datatypes.element_count(r.inputs[i].shape) for r in batch)]
+        else:
+            shape = [total, *t.shape[1:]] if len(batch) > 1 else list(t.shape)
+        ref = transport.TensorRef(t.name, t.datatype, shape)
+        _place(datas, sum(buffers.nbytes(d) for d in datas), arena, frames, ref)
+        refs.append(ref)
+    if ragged is not None and ragged.batch_inputs:
+        shapes = {t.name: [r.inputs[i].shape for r in batch] for i, t in enumerate(first.inputs)}
+        for name, datatype, shape, data in ragged.made(shapes):
+            ref = transport.TensorRef(name, datatype, shape)
+            _place([data], len(data), arena, frames, ref)
+            refs.append(ref)
+    if any(r.outputs is None for r in batch):
+        outputs = []
+    else:
+        outputs = sorted({o.name for r in batch for o in r.outputs})
+    return transport.RequestHeader(first.id, refs, outputs, first.parameters, sizes, _shm_outputs(first),
+                                   [r.sequence for r in batch] if first.sequence is not None else [])
+
+
+def _one_by_one(batch: list[InferRequest], arena: Arena, frames: list) -> list[transport.RequestHeader]:
+    """A batch's requests each as it is (python models take them so)."""
+    headers = []
+    for r in batch:
+        refs = []
+        for t in r.inputs:
+            data = t.data
+            kind = type(data)  # small bytes decoded from JSON, or a small view of a binary body: a frame
+            nbytes = len(data) if kind is bytes else data.nbytes if kind is memoryview else -1
+            if 0 <= nbytes < transport.INLINE_LIMIT:
+                refs.append(transport.TensorRef(t.name, t.datatype, t.shape, len(frames), 0, nbytes))
+                frames.append(data)
+                continue
+            if isinstance(data, ShmRef):
+                refs.append(_shm_ref(t.name, t.datatype, list(t.shape), data))
+                continue
+            ref = transport.TensorRef(t.name, t.datatype, list(t.shape))
+            _place([data], buffers.nbytes(data), arena, frames, ref)
+            refs.append(ref)
+        names: list = []  # the requested outputs (none: all) and those to write into client regions
+        shm: list = []
+        for o in r.outputs or ():
+            names.append(o.name)
+            if o.shm is not None:
+                shm.append(_shm_ref(o.name, "", [], o.shm))
+        headers.append(transport.RequestHeader(r.id, refs, names, r.parameters, shm_outputs=shm,
+                                               sequence=[r.sequence] if r.sequence is not None else []))
+    return headers
 
 
 def _buffer(ref: transport.TensorRef, frames, read: Callable[[int, int], memoryview] | None):
@@ -147,14 +167,14 @@ def _error(status: str, message: str) -> ServerError:
 
 def decode(result: transport.Result, batch: list[InferRequest], merge: bool, frames,
            read: Callable[[int, int], memoryview], output_types: dict[str, str], model: str,
-           version: str) -> list[InferResponse | ServerError]:
+           version: str, ragged: Ragged | None = None) -> list[InferResponse | ServerError]:
     """One response (or error) per request of the batch, in order; `read(offset, nbytes)` gives the
     bytes of an output in the batch's output arena."""
     if result.error:
         err = ServerError(result.error, Status.INTERNAL)
         return [err] * len(batch)
     if merge:
-        return _decode_merged(result, batch, frames, read, output_types, model, version)
+        return _decode_merged(result, batch, frames, read, output_types, model, version, ragged)
     if len(result.responses) != len(batch):
         err = ServerError(f"model '{model}' answered {len(result.responses)} of {len(batch)} requests",
                           Status.INTERNAL)
@@ -190,7 +210,23 @@ def decode_one(header: transport.ResponseHeader | transport.StreamResponse, requ
         return e
 
 
-def _decode_merged(result, batch, frames, read, output_types, model, version):
+def _scattered(ref: transport.TensorRef, buf, batch: list[InferRequest], source: str, model: str) -> list[Tensor]:
+    """batch_output BATCH_SCATTER_WITH_INPUT_SHAPE: each request's part of the output, in the shape of
+    its source input."""
+    shapes = [next(t.shape for t in r.inputs if t.name == source) for r in batch]
+    itemsize = datatypes.ITEMSIZE.get(ref.datatype, 0)
+    counts = [datatypes.element_count(s) for s in shapes]
+    if ref.datatype == "BYTES" or len(buf) != sum(counts) * itemsize:
+        raise ServerError(f"model '{model}' returned output '{ref.name}' of {len(buf)} bytes, which cannot be "
+                          f"scattered in the shapes of input '{source}'", Status.INTERNAL)
+    tensors, pos = [], 0
+    for shape, count in zip(shapes, counts):
+        tensors.append(Tensor(ref.name, ref.datatype, list(shape), buf[pos:pos + count * itemsize]))
+        pos += count * itemsize
+    return tensors
+
+
+def _decode_merged(result, batch, frames, read, output_types, model, version, ragged=None):
     (header,) = result.responses
     if header.error:
         return [_error(header.error_status, header.error)] * len(batch)
@@ -201,6 +237,10 @@ def _decode_merged(result, batch, frames, read, output_types, model, version):
         for ref in header.outputs:
             _check_output(ref, output_types, model)
             buf = _buffer(ref, frames, read)
+            if ragged is not None and ref.name in ragged.scatter and buf is not None:
+                for i, scattered in enumerate(_scattered(ref, buf, batch, ragged.scatter[ref.name], model)):
+                    per_request[i].append(scattered)
+                continue
             if len(batch) == 1 or buf is None:
                 per_request[0].append(Tensor(ref.name, ref.datatype, ref.shape, buf))
                 continue

@@ -220,7 +220,7 @@ class Instance(WorkerProcess):
         self._watch_streams(batch, self.batch_id)
         self.batch_in, self.batch_out = 0, self.outputs.take()
         header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arenas[0], self.batch_out,
-                                         reshapes=self.pool.reshapes, released=released)
+                                         reshapes=self.pool.reshapes, released=released, ragged=self.pool.ragged)
         self.encode_ns = time.monotonic_ns() - now
         self._started(batch, now)
         self.channel.send(transport.EXECUTE, header, frames)
@@ -246,7 +246,7 @@ class Instance(WorkerProcess):
         in_arena, out_arena = 1 - self.batch_in, self.outputs.take()
         cancels = any(r.cancellable for r in batch)
         header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arenas[in_arena], out_arena,
-                                         in_arena, cancels, self.pool.reshapes)
+                                         in_arena, cancels, self.pool.reshapes, ragged=self.pool.ragged)
         self.ahead = Ahead(batch, self.batch_id, in_arena, out_arena, time.monotonic_ns() - started)
         self.channel.send(transport.EXECUTE, header, frames)
 
@@ -346,7 +346,7 @@ class Instance(WorkerProcess):
         read = self.outputs.reader(self.batch_out)
         try:
             responses = batching.decode(result, batch, pool.merge, frames, read, pool.output_types, pool.model_name,
-                                        str(pool.version))
+                                        str(pool.version), pool.ragged)
         finally:
             self.outputs.done(self.batch_out, read)
         now = time.monotonic_ns()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from ..errors import ServerError, Status
 from ..inference import InferRequest
 from ..observability.stats import ModelStats
+from ..repository.ragged import Ragged
 from ..repository.reshape import Reshapes
 from .busy_poll import BusyPoll
 from .instance import Instance
@@ -38,6 +39,7 @@ class PoolSettings:
     decoupled: bool = False  # responses stream back, any number per request
     warmup: list = field(default_factory=list)  # (sample name, count, request template), run before READY
     reshapes: Reshapes | None = None  # the config's reshapes of inputs and outputs, applied at the wire
+    ragged: Ragged | None = None  # ragged inputs, batch inputs and batch outputs, of merged batches
 
 
 class InstancePool:
@@ -63,6 +65,7 @@ class InstancePool:
         self.warmup = settings.warmup
         self.reshapes = settings.reshapes
         self.merge = backend != "python"  # a batch's requests are merged into one set of tensors
+        self.ragged = settings.ragged if self.merge else None  # a python model takes its requests one by one
         self.senders = backend == "python"  # a request may be answered through its response sender
         self.null_rows = False  # batches may hold placeholder rows (InferRequest.null): the sequence batcher's
         self.services = services

@@ -17,6 +17,7 @@ from ..ipc.pool import NO_BUSY_POLL, InstancePool, InstanceSpec, LoadError, Mode
 from ..logs import get_logger
 from ..repository import config as cfg
 from ..repository.gpu_support import gpu_capable, why_not
+from ..repository.ragged import Ragged
 from ..repository.reshape import Reshapes
 from ..repository.warmup import warmup_requests
 from ..scheduling.scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
@@ -39,7 +40,8 @@ class ModelVersion:
         self.load_seconds = 0.0
         c = completed.config
         self.max_batch_size = c.max_batch_size
-        self.inputs = {t.name: TensorConfig(t.name, cfg.tensor_datatype(t), tuple(t.dims), t.optional)
+        self.inputs = {t.name: TensorConfig(t.name, cfg.tensor_datatype(t), tuple(t.dims), t.optional,
+                                            t.allow_ragged_batch)
                        for t in c.input}
         self.outputs = {t.name: cfg.tensor_datatype(t) for t in c.output}
         self.config_json = cfg.to_json(c)
@@ -49,7 +51,7 @@ class ModelVersion:
             execution_timeout=_execution_timeout(c, settings.execution_timeout), load_timeout=settings.load_timeout,
             heap_retain_bytes=settings.heap_retain_bytes, busy_poll=poll,
             decoupled=c.model_transaction_policy.decoupled, warmup=warmup_requests(c, completed.model_dir),
-            reshapes=Reshapes.of(c))
+            reshapes=Reshapes.of(c), ragged=Ragged.of(c))
         self.pool = InstancePool(name, version, completed.model_dir, completed.backend, json.dumps(self.config_json),
                                  specs, self.outputs, pool_settings, services, self._crash_looped)
         db = c.dynamic_batching if c.HasField("dynamic_batching") else None

@@ -16,7 +16,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import datatypes
-from . import model_io, onnx_graph, reshape, warmup
+from . import model_io, onnx_graph, ragged, reshape, warmup
 from .problems import ConfigProblem
 
 ModelConfig = mc.ModelConfig
@@ -412,12 +412,7 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
                 problems.append(ConfigProblem(path, "dynamic_batching.preferred_batch_size",
                                               f"{size} must lie between 1 and max_batch_size "
                                               f"({config.max_batch_size})"))
-    ragged = [f"input '{t.name}' allow_ragged_batch" for t in config.input if t.allow_ragged_batch]
-    ragged += ["batch_input"] * bool(config.batch_input) + ["batch_output"] * bool(config.batch_output)
-    if ragged:
-        problems.append(ConfigProblem(path, "batch_input" if config.batch_input else "batch_output"
-                                      if config.batch_output else "input", "ragged batching (" + ", ".join(ragged)
-                                      + ") is not supported by this server yet"))
+    problems += [ConfigProblem(path, field, message) for field, message in ragged.problems(config)]
     if config.HasField("sequence_batching"):
         sb = config.sequence_batching
         if config.HasField("dynamic_batching"):

@@ -91,6 +91,7 @@ def check(config: mc.ModelConfig, graph, path: str, what: str = "ONNX model", al
     RESHAPE_IO_LAYERS), so only their rank must agree."""
     problems = []
     batched = config.max_batch_size > 0
+    scattered = {name for b in config.batch_output for name in b.target_name}
     for kind, declared, actual in (("input", config.input, graph[0]), ("output", config.output, graph[1])):
         by_name = {t.name: t for t in actual}
         for i, t in enumerate(declared):
@@ -105,6 +106,11 @@ def check(config: mc.ModelConfig, graph, path: str, what: str = "ONNX model", al
                     path, field + ".data_type", f"{mc.DataType.Name(t.data_type)} for '{t.name}', but the "
                     f"{what} has {mc.DataType.Name(g.data_type)}"))
             if g.shape is None:
+                continue
+            if getattr(t, "allow_ragged_batch", False) or (kind == "output" and t.name in scattered):
+                if len(g.shape) != 1:  # its requests' elements one after another
+                    problems.append(ConfigProblem(path, field + ".dims", f"'{t.name}' is ragged, so the {what} "
+                                                  f"takes it as one dimension, but it has {len(g.shape)}"))
                 continue
             # what the model sees: the reshape where the config gives one
             reshaped = t.HasField("reshape")
@@ -141,7 +147,8 @@ def check(config: mc.ModelConfig, graph, path: str, what: str = "ONNX model", al
                         f"{what}'s shape {_fmt(g.shape)}"))
                     break
     if all_inputs:  # a state's input is the server's to give
-        declared = {t.name for t in config.input} | {s.input_name for s in config.sequence_batching.state}
+        declared = {t.name for t in config.input} | {s.input_name for s in config.sequence_batching.state} \
+            | {name for b in config.batch_input for name in b.target_name}  # made by the server too
         missing = [t.name for t in graph[0] if t.name not in declared]
         if missing:
             problems.append(ConfigProblem(path, "input", f"the {what} also takes " + ", ".join(
