@@ -155,3 +155,20 @@ def test_a_response_returned_for_a_rescheduled_request_is_an_error_in_tritons_wo
     assert status == 500
     assert "Expected a None object in the execute function return list for reschduled request, found type " \
         in data["error"]
+
+
+def test_an_iterative_sequence_for_a_framework_backend_is_refused_saying_why(tmp_path):
+    import subprocess
+
+    from conftest import TRITONMP
+    from make_example_repo import binary_op_model, write
+
+    write(binary_op_model("Add"), str(tmp_path / "iterative_onnx" / "1" / "model.onnx"))
+    (tmp_path / "iterative_onnx" / "config.pbtxt").write_text(
+        'backend: "onnxruntime"\nmax_batch_size: 4\nsequence_batching { iterative_sequence: true }\n'
+        'input [ { name: "A", data_type: TYPE_FP32, dims: [ 3 ] }, { name: "B", data_type: TYPE_FP32, dims: [ 3 ] } ]\n'
+        'output [ { name: "C", data_type: TYPE_FP32, dims: [ 3 ] } ]\n')
+    out = subprocess.run([*TRITONMP, "check", str(tmp_path)], capture_output=True, text=True, timeout=120).stdout
+    assert ("iterative_onnx/config.pbtxt: sequence_batching.iterative_sequence: not served for the onnxruntime's "
+            "backend: an iterative sequence runs for as long as its model reschedules its request, and only a python "
+            "model can") in out

@@ -420,8 +420,11 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
                                           "sequence_batching, not both"))
         problems += _check_states(config, path)
         if sb.iterative_sequence and config.backend != "python":
-            problems.append(ConfigProblem(path, "sequence_batching.iterative_sequence", "not supported by this "
-                                          "server yet"))
+            problems.append(ConfigProblem(
+                path, "sequence_batching.iterative_sequence", f"not served for the {config.backend or 'model'}'s "
+                "backend: an iterative sequence runs for as long as its model reschedules its request, and only a "
+                "python model can (request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)); "
+                "the framework backends run each request once"))
         if sb.WhichOneof("strategy_choice") == "direct" and sb.direct.minimum_slot_utilization > 0:
             problems.append(ConfigProblem(path, "sequence_batching.direct.minimum_slot_utilization", "not "
                                           "supported by this server yet: a Direct batch runs as soon as its "
