@@ -203,3 +203,26 @@ def test_directs_minimum_slot_utilization_is_refused_by_name(tmp_path):
     out = subprocess.run([*TRITONMP, "check", str(tmp_path)], capture_output=True, text=True, timeout=120).stdout
     assert ("sequence_slots/config.pbtxt: sequence_batching.direct.minimum_slot_utilization: not supported by this "
             "server yet") in out
+
+
+def test_tritons_delay_hook_holds_the_first_batch_until_enough_requests_wait(start_server, tmp_path, monkeypatch):
+    """TRITONSERVER_DELAY_SCHEDULER, which Triton's qa/L0_sequence_batcher sets so that it knows which
+    requests run together: no batch until that many wait; then both sequences in one execution."""
+    import threading
+
+    from conftest import TEST_MODELS
+
+    shutil.copytree(TEST_MODELS / "sequence_slots", tmp_path / "repo" / "sequence_slots")
+    monkeypatch.setenv("TRITONSERVER_DELAY_SCHEDULER", "2")
+    server = start_server([tmp_path / "repo"])
+    answers = {}
+
+    def send(seq):
+        answers[seq] = _slots(httpclient.InferenceServerClient(server.url), seq, seq, sequence_start=True)
+
+    threads = [threading.Thread(target=send, args=(seq,)) for seq in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert answers == {1: (1, 0, 2), 2: (2, 1, 2)}  # held until both waited: one batch, each in its row

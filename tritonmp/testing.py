@@ -5,6 +5,10 @@ sets for the server it starts, read here and nowhere else. Nothing a deployment 
   a machine without one); the tests that need a real GPU skip while it is set.
 - TRITONMP_WORKER_IDLE_TRIM_S=1: a worker gives the memory it keeps for reuse back to the system
   after this many idle seconds (10 otherwise), so a test need not wait for it.
+- TRITONSERVER_DELAY_SCHEDULER=N and TRITONSERVER_BACKLOG_DELAY_SCHEDULER=M, Triton's own hooks for
+  its qa tests of the sequence batcher (qa/L0_sequence_batcher), which they set for the server they
+  start: the sequence batcher forms no batch until N requests wait in its slots (and M in its
+  backlog), so that a test knows which requests run together; from then on it batches as usual.
 - TRITONMP_CHECK_FAST_PATHS=1 (the test suite sets it for every server it starts): whatever a fast
   path takes (the typed HTTP decode, the one-pass gRPC decode, the one-pass request check) is
   taken by the one place that states the rules as well, and any difference is an internal error
@@ -37,6 +41,16 @@ def worker_idle_trim_s(default: float) -> float:
 
 
 CHECK_FAST_PATHS = os.environ.get("TRITONMP_CHECK_FAST_PATHS") == "1"
+
+
+def sequence_batcher_delays() -> tuple[int, int]:
+    """The requests the sequence batcher waits for before its first batch: (in its slots, in its
+    backlog); (0, 0) but in Triton's qa tests."""
+    def count(name: str) -> int:
+        text = os.environ.get(name, "")
+        return int(text) if text.isdigit() else 0
+
+    return count("TRITONSERVER_DELAY_SCHEDULER"), count("TRITONSERVER_BACKLOG_DELAY_SCHEDULER")
 
 
 def _plain(value):

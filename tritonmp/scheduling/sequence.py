@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .. import datatypes
+from .. import datatypes, testing
 from ..errors import invalid
 from ..inference import InferRequest, Tensor
 from ..ipc.pool import Instance, InstancePool
@@ -125,6 +125,8 @@ class SequenceScheduler:
         self._timer: asyncio.TimerHandle | None = None  # sequences idling out
         self._delay: asyncio.TimerHandle | None = None  # Oldest: a batch waiting for its queue delay
         self._drain = DrainWaiters(self.busy)
+        # Triton's qa hook: no batch until this many requests wait in slots and in the backlog
+        self._hold_placed, self._hold_backlog = testing.sequence_batcher_delays()
         pool.attach(self.pump, self.fail_all)
 
     @property
@@ -245,6 +247,10 @@ class SequenceScheduler:
         await self._drain.wait()
 
     def pump(self) -> None:
+        if self._hold_placed or self._hold_backlog:
+            if self._held():
+                return
+            self._hold_placed = self._hold_backlog = 0
         idle = self.pool.idle
         for instance in list(idle):
             slots = self.slots.get(id(instance))
@@ -255,6 +261,12 @@ class SequenceScheduler:
                 idle.remove(instance)
                 instance.run(batch, self.released.pop(id(instance), None))
         self._drain.wake()
+
+    def _held(self) -> bool:
+        """Whether fewer requests wait than Triton's qa hook asks for (testing.sequence_batcher_delays)."""
+        placed = sum(len(s.pending) for s in self.sequences.values() if s.instance is not None)
+        waiting = sum(len(s.pending) for s in self.backlog if s.instance is None)
+        return placed < self._hold_placed or (self._hold_backlog > 0 and waiting < self._hold_backlog)
 
     def _direct_batch(self, slots: list[Sequence | None]) -> list[InferRequest] | None:
         """The next request of every slot that has one, each in its slot's row, placeholders between."""
