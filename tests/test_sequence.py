@@ -83,14 +83,16 @@ def test_a_sequence_waits_for_a_free_slot(start_server, tmp_path):
     model = tmp_path / "repo" / "accumulate"
     shutil.copytree(TEST_MODELS / "accumulate", model)
     config = model / "config.pbtxt"
-    config.write_text(config.read_text().replace("max_batch_size: 4", "max_batch_size: 1"))  # one slot
+    config.write_text(config.read_text().replace("max_batch_size: 4", "max_batch_size: 1")  # one slot
+                      .replace("max_sequence_idle_microseconds: 300000", "max_sequence_idle_microseconds: 1000000"))
     server = start_server([tmp_path / "repo"])
     client = httpclient.InferenceServerClient(server.url)
     assert _send(client, httpclient, 1, sequence_id=1, sequence_start=True) == (1, 1)
-    # the only slot is taken: the second sequence waits until the first idles out, then runs
+    # the only slot is taken: the second sequence waits until the first idles out, then runs; the
+    # first idles out when its idle time is up, not at the idle timer's next round after that
     started = time.monotonic()
     assert _send(client, httpclient, 7, sequence_id=2, sequence_start=True) == (7, 2)
-    assert time.monotonic() - started >= IDLE_SECS * 0.9
+    assert 0.9 <= time.monotonic() - started < 1.6
 
 
 def _slots(client, x, seq, *, hold=None, **flags):
@@ -152,6 +154,8 @@ def test_direct_batches_the_next_request_of_every_slot_in_its_own_row(server, tm
     stats = client.get_inference_statistics("sequence_slots")["model_stats"][0]
     assert stats["inference_count"] == 8 and stats["inference_stats"]["success"]["count"] == 8
     assert stats["execution_count"] == 7
+    # a batch's size counts its placeholder rows, as Triton counts its null requests
+    assert {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]} == {1: 4, 2: 1, 3: 2}
 
 
 def test_oldest_batches_the_oldest_requests_of_different_sequences(start_server, tmp_path):
@@ -185,21 +189,73 @@ def test_a_sequence_started_again_before_its_end_keeps_its_slot(server):
                       "the warning")
 
 
-def test_directs_minimum_slot_utilization_is_refused_by_name(tmp_path):
-    """Not served: the config says so, rather than being served as if it were not there."""
-    import subprocess
+def test_direct_waits_for_its_minimum_slot_utilization_up_to_its_queue_delay(start_server, tmp_path):
+    """direct { max_queue_delay_microseconds, minimum_slot_utilization }: a batch with fewer slots
+    ready than the utilization asks waits, until enough are ready or its oldest request has waited
+    the delay."""
+    import threading
 
-    from conftest import TEST_MODELS, TRITONMP
+    from conftest import TEST_MODELS
 
-    model = tmp_path / "sequence_slots"
+    model = tmp_path / "repo" / "sequence_slots"
     shutil.copytree(TEST_MODELS / "sequence_slots", model)
     config = model / "config.pbtxt"
     config.write_text(config.read_text().replace(
         "max_sequence_idle_microseconds: 30000000",
-        "max_sequence_idle_microseconds: 30000000\n  direct { minimum_slot_utilization: 0.5 }"))
-    out = subprocess.run([*TRITONMP, "check", str(tmp_path)], capture_output=True, text=True, timeout=120).stdout
-    assert ("sequence_slots/config.pbtxt: sequence_batching.direct.minimum_slot_utilization: not supported by this "
-            "server yet") in out
+        "max_sequence_idle_microseconds: 30000000\n"
+        "  direct { max_queue_delay_microseconds: 1500000 minimum_slot_utilization: 0.5 }"))
+    server = start_server([tmp_path / "repo"])
+    client = httpclient.InferenceServerClient(server.url)
+    started = time.monotonic()
+    assert _slots(client, 1, 1, sequence_start=True) == (1, 0, 1)  # 1 of 4 slots: alone after the delay
+    assert time.monotonic() - started >= 1.4
+    answers = {}
+
+    def send(seq):
+        answers[seq] = _slots(httpclient.InferenceServerClient(server.url), seq, seq, sequence_start=seq == 2)
+
+    threads = [threading.Thread(target=send, args=(seq,)) for seq in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert answers == {1: (2, 0, 2), 2: (2, 1, 2)}  # 2 of 4 slots: together, as soon as both wait
+
+
+def test_a_start_after_an_end_still_queued_begins_a_new_sequence(start_server, tmp_path):
+    """A START with the correlation ID of a sequence whose END has come but not yet run begins a new
+    sequence (in a slot of its own), as in Triton: both are counted while they wait, and each runs."""
+    import threading
+
+    from conftest import TEST_MODELS, scrape_metrics
+
+    shutil.copytree(TEST_MODELS / "sequence_slots", tmp_path / "repo" / "sequence_slots")
+    server = start_server([tmp_path / "repo"])
+    client = httpclient.InferenceServerClient(server.url)
+    assert _slots(client, 1, 21, sequence_start=True)[0] == 1
+    assert _slots(client, 1, 22, sequence_start=True)[0] == 1
+    gate = tmp_path / "gate"
+    answers: dict = {}
+
+    def send(key, x, seq, **flags):
+        answers[key] = _slots(httpclient.InferenceServerClient(server.url), x, seq, **flags)
+
+    threads = [threading.Thread(target=send, args=("held", 1, 21), kwargs={"hold": str(gate)})]
+    threads[0].start()
+    server.wait_until((tmp_path / "gate.held").exists, 30, "the first request to run")
+    pending = 'nv_inference_pending_request_count{model="sequence_slots",version="1"}'
+    for n, (key, x, flags) in enumerate([("end", 10, {"sequence_end": True}),
+                                         ("again", 100, {"sequence_start": True})], 1):
+        threads.append(threading.Thread(target=send, args=(key, x, 22), kwargs=flags))
+        threads[-1].start()
+        server.wait_until(lambda n=n: scrape_metrics(server).get(pending) == n, 30, f"{n} request(s) queued")
+    gate.touch()
+    for thread in threads:
+        thread.join(60)
+    assert answers["held"][0] == 2 and answers["end"][0] == 11 and answers["again"][0] == 100
+    assert answers["end"][1] != answers["again"][1]  # rows of their own
+    assert _slots(client, 5, 22, sequence_end=True)[0] == 105  # the new one goes on
+    assert _slots(client, 1, 21, sequence_end=True)[0] == 3
 
 
 def test_tritons_delay_hook_holds_the_first_batch_until_enough_requests_wait(start_server, tmp_path, monkeypatch):

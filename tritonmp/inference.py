@@ -53,7 +53,7 @@ class InferRequest(msgspec.Struct):
     cancellable: bool = True  # its future may be cancelled (an awaiting task whose client went); a python
     # model's instance then tells the worker, and is_cancelled() says so. FastInfer's never is.
     null: bool = False  # a Direct sequence batch's placeholder row: it runs, but is answered and counted nowhere
-    sequence: list | None = None  # a model with implicit state: [correlation ID (None: placeholder), start, end]
+    sequence: list | None = None  # a model with implicit state: [its sequence's key (None: placeholder), start, end]
 
 
 class InferResponse(msgspec.Struct):

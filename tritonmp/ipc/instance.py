@@ -328,7 +328,8 @@ class Instance(WorkerProcess):
         pool = self.pool
         if pool.decoupled:  # the responses come as STREAM messages; this only ends the execution
             real = [r for r in batch if not r.null] if pool.null_rows else batch
-            pool.stats.executed(sum(r.batch_size for r in real), 0 if result.error else len(real),
+            # placeholder rows count in the batch's size, as Triton counts its null requests, but not as requests
+            pool.stats.executed(sum(r.batch_size for r in batch), 0 if result.error else len(real),
                                 self.encode_ns + result.input_ns, result.infer_ns, result.output_ns)
             if result.error:
                 for index, request in enumerate(batch):
@@ -359,12 +360,13 @@ class Instance(WorkerProcess):
             ran = [r for index, r in enumerate(batch) if index not in not_run]
             failed -= sum(1 for index in not_run if isinstance(missed := responses[index], ServerError)
                           and not (own_ok and missed.from_model))
-        if pool.null_rows:  # placeholder rows ran, but count nowhere
+        rows = sum(r.batch_size for r in ran)  # placeholder rows count in the batch's size, as Triton's null requests
+        if pool.null_rows:  # but not as requests
             failed -= sum(1 for r, response in zip(batch, responses) if r.null and isinstance(response, ServerError)
                           and not (own_ok and response.from_model))
             ran = [r for r in ran if not r.null]
         if ran:
-            stats.executed(sum(r.batch_size for r in ran), len(ran) - failed, self.encode_ns + result.input_ns,
+            stats.executed(rows, len(ran) - failed, self.encode_ns + result.input_ns,
                            result.infer_ns, result.output_ns + now - started)
         for request in ran:
             if request.trace is not None:

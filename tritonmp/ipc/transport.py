@@ -56,7 +56,7 @@ class RequestHeader(msgspec.Struct, array_like=True, omit_defaults=True):
     parameters: dict = {}
     batch_sizes: list[int] = []  # for a merged batch: each original request's batch size
     shm_outputs: list[TensorRef] = []  # outputs to write into client regions (nbytes: room there)
-    # a model with implicit sequence state: per row, [correlation ID (None: a placeholder), start, end]
+    # a model with implicit sequence state: per row, [its sequence's key (None: a placeholder), start, end]
     sequence: list = []
 
 
@@ -66,7 +66,7 @@ class Execute(msgspec.Struct, array_like=True):
     out_arena: int = 0  # which of the worker's output arenas (WorkerSpec.out_arenas) takes this batch's outputs
     in_arena: int = 0  # which of the worker's input arenas (WorkerSpec.in_arenas) holds this batch's large inputs
     cancels: bool = False  # sent ahead with requests that can be cancelled: those cancelled by its start never run
-    released: list = []  # correlation IDs of sequences given up (idled out) whose implicit state goes
+    released: list = []  # keys of sequences given up (idled out) whose implicit state goes
 
 
 class ResponseHeader(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -425,10 +425,6 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
                 "backend: an iterative sequence runs for as long as its model reschedules its request, and only a "
                 "python model can (request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)); "
                 "the framework backends run each request once"))
-        if sb.WhichOneof("strategy_choice") == "direct" and sb.direct.minimum_slot_utilization > 0:
-            problems.append(ConfigProblem(path, "sequence_batching.direct.minimum_slot_utilization", "not "
-                                          "supported by this server yet: a Direct batch runs as soon as its "
-                                          "instance is free"))
         for i, c in enumerate(sb.control_input):
             for control in c.control:
                 if control.kind == mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:

@@ -20,6 +20,7 @@ A sequence that finds no free slot waits in the backlog for the next slot to fre
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -39,9 +40,12 @@ log = get_logger("sequence")
 Kind = mc.ModelSequenceBatching.Control
 
 
+_keys = itertools.count(1)
+
+
 @dataclass(eq=False)
 class Sequence:
-    id: object
+    id: object  # its correlation ID
     instance: Instance | None = None
     slot: int = -1  # its slot of that instance (-1: none yet, in the backlog)
     pending: deque = field(default_factory=deque)
@@ -49,6 +53,9 @@ class Sequence:
     last_active: float = 0.0
     ended: bool = False  # its END request has come
     corrid: bytes | None = None  # its CORRID control's element, made once
+    # which sequence it is to the worker keeping its implicit state: a START after the END of one
+    # with the same correlation ID begins another, which may run while the first finishes
+    key: int = field(default_factory=lambda: next(_keys))
 
     def busy(self) -> bool:
         return bool(self.pending) or self.in_flight > 0
@@ -119,11 +126,18 @@ class SequenceScheduler:
         else:
             per_instance = max(1, config.max_batch_size)  # a slot is a row of the batch
             pool.null_rows = per_instance > 1  # placeholders may run: answered and counted nowhere
+            # a batch with fewer of its slots ready than this waits, up to the delay for its oldest request
+            direct = sb.direct
+            waits = direct.max_queue_delay_microseconds > 0 and direct.minimum_slot_utilization > 0
+            self.min_utilization = direct.minimum_slot_utilization if waits else 0.0
+            self.slot_delay_ns = direct.max_queue_delay_microseconds * 1000
         self.slots: dict[int, list[Sequence | None]] = {id(i): [None] * per_instance for i in pool.instances}
+        # correlation ID -> its sequence, until its END comes (a START after that begins a new sequence)
         self.sequences: dict[object, Sequence] = {}
+        self.live: dict[int, Sequence] = {}  # every sequence in a slot or the backlog, ended ones too
         self.backlog: deque[Sequence] = deque()  # started sequences waiting for a slot
         self._timer: asyncio.TimerHandle | None = None  # sequences idling out
-        self._delay: asyncio.TimerHandle | None = None  # Oldest: a batch waiting for its queue delay
+        self._delay: asyncio.TimerHandle | None = None  # a batch waiting for its queue delay
         self._drain = DrainWaiters(self.busy)
         # Triton's qa hook: no batch until this many requests wait in slots and in the backlog
         self._hold_placed, self._hold_backlog = testing.sequence_batcher_delays()
@@ -132,7 +146,7 @@ class SequenceScheduler:
     @property
     def queue(self) -> list[InferRequest]:
         """Requests waiting (for metrics and draining)."""
-        return [r for s in self.sequences.values() for r in s.pending]
+        return [r for s in self.live.values() for r in s.pending]
 
     # -- requests ----------------------------------------------------------------------------
     def _ids(self, request: InferRequest):
@@ -154,16 +168,19 @@ class SequenceScheduler:
     def submit(self, request: InferRequest) -> asyncio.Future:
         corrid, start, end = self._ids(request)
         seq = self.sequences.get(corrid)
-        if start and seq is not None and not seq.ended:  # it keeps its slot: the new start runs after its requests
+        if start and seq is not None:  # it keeps its slot: the new start runs after its requests
             log.warning("sequence %s of model '%s' started again before it ended", corrid, self.model)
         elif start:
             seq = Sequence(corrid)
             self.sequences[corrid] = seq
+            self.live[id(seq)] = seq
             self._place(seq)
-        elif seq is None or seq.ended:
+        elif seq is None:
             raise invalid(f"inference request for sequence {corrid} to model '{self.model}' must specify the START "
                           "flag on the first request of the sequence")
-        seq.ended = end
+        if end:  # its correlation ID is free again: a START with it begins a new sequence, behind this one
+            seq.ended = True
+            del self.sequences[corrid]
         seq.last_active = time.monotonic()
         request.arrival_ns = time.monotonic_ns()
         request.future = asyncio.get_running_loop().create_future()
@@ -172,7 +189,7 @@ class SequenceScheduler:
                                if c.kind == Kind.CONTROL_SEQUENCE_CORRID), b"")
         self._add_controls(request, seq.corrid, start, end, True)
         if self.has_state:
-            request.sequence = [corrid, start, end]
+            request.sequence = [seq.key, start, end]
         seq.pending.append(request)
         self.pump()
         self._arm_idle_timer()
@@ -229,19 +246,20 @@ class SequenceScheduler:
         """The sequence is over: its slot goes to the oldest sequence of the backlog."""
         if self.sequences.get(seq.id) is seq:
             del self.sequences[seq.id]
+        self.live.pop(id(seq), None)
         if seq.instance is None:
             return
         self.slots[id(seq.instance)][seq.slot] = None
         seq.instance, seq.slot = None, -1
         while self.backlog:
             waiting = self.backlog.popleft()
-            if self.sequences.get(waiting.id) is waiting:
+            if id(waiting) in self.live:
                 self._place(waiting)
                 break
 
     # -- batches -----------------------------------------------------------------------------
     def busy(self) -> bool:
-        return any(s.busy() for s in self.sequences.values())
+        return any(s.busy() for s in self.live.values())
 
     async def drained(self) -> None:
         await self._drain.wait()
@@ -264,20 +282,34 @@ class SequenceScheduler:
 
     def _held(self) -> bool:
         """Whether fewer requests wait than Triton's qa hook asks for (testing.sequence_batcher_delays)."""
-        placed = sum(len(s.pending) for s in self.sequences.values() if s.instance is not None)
+        placed = sum(len(s.pending) for s in self.live.values() if s.instance is not None)
         waiting = sum(len(s.pending) for s in self.backlog if s.instance is None)
         return placed < self._hold_placed or (self._hold_backlog > 0 and waiting < self._hold_backlog)
 
     def _direct_batch(self, slots: list[Sequence | None]) -> list[InferRequest] | None:
-        """The next request of every slot that has one, each in its slot's row, placeholders between."""
-        top, first = -1, None
+        """The next request of every slot that has one, each in its slot's row, placeholders between;
+        none yet while fewer slots than `minimum_slot_utilization` asks have one and the oldest of them
+        has waited less than `max_queue_delay_microseconds`."""
+        top, first, ready, oldest_ns = -1, None, 0, 0
         for index, seq in enumerate(slots):
             if seq is not None and seq.pending:
                 top = index
+                ready += 1
                 if first is None:
                     first = seq.pending[0]
+                    oldest_ns = first.arrival_ns
+                else:
+                    oldest_ns = min(oldest_ns, seq.pending[0].arrival_ns)
         if first is None:
             return None
+        if ready / len(slots) < self.min_utilization:
+            due_ns = oldest_ns + self.slot_delay_ns
+            now_ns = time.monotonic_ns()
+            if now_ns <= due_ns:
+                if self._delay is None:
+                    self._delay = asyncio.get_running_loop().call_later((due_ns - now_ns) / 1e9 + 1e-4,
+                                                                        self._delay_over)
+                return None
         batch = []
         for index in range(top + 1):
             seq = slots[index]
@@ -325,22 +357,25 @@ class SequenceScheduler:
 
     # -- idle sequences, failures ----------------------------------------------------------------
     def _arm_idle_timer(self) -> None:
-        if self._timer is None and self.sequences:
-            self._timer = asyncio.get_running_loop().call_later(self.idle_secs, self._expire_idle)
+        """A timer for when the sequence idle longest would idle out (one that runs counts as active now)."""
+        if self._timer is None and self.live:
+            now = time.monotonic()
+            due = min(now if s.busy() else s.last_active for s in self.live.values()) + self.idle_secs
+            self._timer = asyncio.get_running_loop().call_later(max(0.0, due - now), self._expire_idle)
 
     def _expire_idle(self) -> None:
         self._timer = None
         now = time.monotonic()
-        for seq in list(self.sequences.values()):
+        for seq in list(self.live.values()):
             if not seq.busy() and now - seq.last_active >= self.idle_secs:
                 log.info("sequence %s of model '%s' idled out after %.1fs", seq.id, self.model, self.idle_secs)
                 if self.has_state and seq.instance is not None:
-                    self.released.setdefault(id(seq.instance), []).append(seq.id)
+                    self.released.setdefault(id(seq.instance), []).append(seq.key)
                 self._release(seq)
         self.pump()  # a released slot may let a waiting sequence run
         self._arm_idle_timer()
 
     def fail_all(self, error: Exception) -> None:
-        for seq in list(self.sequences.values()):
+        for seq in list(self.live.values()):
             while seq.pending:
                 end_unserved(seq.pending.popleft(), error)
