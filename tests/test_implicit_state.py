@@ -62,6 +62,22 @@ def _onnx_accumulator(path) -> None:
     write(model, str(path))
 
 
+def _onnx_concatenator(path) -> None:
+    """A string state: the sequence's inputs so far, joined."""
+    shape = ["N", 1]
+    graph = helper.make_graph(
+        [helper.make_node("StringConcat", ["INPUT_STATE", "INPUT"], ["OUTPUT"]),
+         helper.make_node("Identity", ["OUTPUT"], ["OUTPUT_STATE"])], "concatenator",
+        [helper.make_tensor_value_info("INPUT", TensorProto.STRING, shape),
+         helper.make_tensor_value_info("INPUT_STATE", TensorProto.STRING, shape),
+         helper.make_tensor_value_info("START", TensorProto.INT32, shape)],
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.STRING, shape),
+         helper.make_tensor_value_info("OUTPUT_STATE", TensorProto.STRING, shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    write(model, str(path))
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("state")
@@ -71,6 +87,9 @@ def server(tmp_path_factory):
     np.array([100], np.int32).tofile(model / "initial_state" / "hundred")
     _onnx_accumulator(root / "state_onnx" / "1" / "model.onnx")
     (root / "state_onnx" / "config.pbtxt").write_text(_config('platform: "onnxruntime_onnx"', ZERO))
+    _onnx_concatenator(root / "string_state_onnx" / "1" / "model.onnx")
+    (root / "string_state_onnx" / "config.pbtxt").write_text(
+        _config('platform: "onnxruntime_onnx"', "").replace("TYPE_INT32", "TYPE_STRING"))
     with serving([root], [], tmp_path_factory) as s:
         yield s
 
@@ -102,6 +121,23 @@ def test_initial_state_from_a_file_and_the_state_as_an_output(server):
     client = httpclient.InferenceServerClient(server.url)
     assert _send(client, httpclient, "state_file_py", 1, 7, sequence_start=True) == (101, 101)
     assert _send(client, httpclient, "state_file_py", 2, 7, sequence_end=True) == (103, 103)
+
+
+def test_a_string_state_starts_empty_and_grows(server):
+    """A BYTES state: with no initial state it starts as empty elements (what Triton's zeroed buffer
+    holds), and what onnxruntime returns as str goes back to the model as the next request's input."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def send(text, seq, **flags):
+        inp = grpcclient.InferInput("INPUT", [1, 1], "BYTES")
+        inp.set_data_from_numpy(np.array([[text.encode()]], dtype=object))
+        return client.infer("string_state_onnx", [inp], sequence_id=seq, **flags).as_numpy("OUTPUT")[0, 0]
+
+    assert send("a", 1, sequence_start=True) == b"a"
+    assert send("x", 2, sequence_start=True) == b"x"
+    assert send("b", 1) == b"ab"
+    assert send("c", 1, sequence_end=True) == b"abc"
+    assert send("y", 2, sequence_end=True) == b"xy"
 
 
 def test_clients_cannot_send_the_state(server):

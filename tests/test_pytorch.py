@@ -89,3 +89,56 @@ def test_kind_gpu_instance_runs_on_cuda_with_device_memory_in_and_out(start_serv
         client.unregister_cuda_shared_memory()
         cudashm.destroy_shared_memory_region(region_in)
         cudashm.destroy_shared_memory_region(region_out)
+
+
+class Accumulate(torch.nn.Module):
+    """A stateful model: its START and READY controls and its implicit state come as forward()'s
+    arguments, numbered among its input, and its state as its second output."""
+
+    def forward(self, start, total, ready, x):
+        total = torch.where(start > 0, x, total + x) * ready
+        return total, total
+
+
+def _accumulate_model(repo, name: str, names: list[str]) -> None:
+    start, state, ready, x, out, state_out = names
+    model = repo / name
+    (model / "1").mkdir(parents=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", DeprecationWarning)
+        torch.jit.script(Accumulate()).save(str(model / "1" / "model.pt"))
+    (model / "config.pbtxt").write_text(
+        'platform: "pytorch_libtorch"\nmax_batch_size: 4\n'
+        'sequence_batching {\n  max_sequence_idle_microseconds: 30000000\n  control_input [\n'
+        f'    {{ name: "{ready}", control [ {{ kind: CONTROL_SEQUENCE_READY, int32_false_true: [ 0, 1 ] }} ] }},\n'
+        f'    {{ name: "{start}", control [ {{ kind: CONTROL_SEQUENCE_START, int32_false_true: [ 0, 1 ] }} ] }}\n'
+        '  ]\n'
+        f'  state [ {{ input_name: "{state}", output_name: "{state_out}", data_type: TYPE_INT32, dims: [ 1 ] }} ]\n'
+        '}\n'
+        f'input [ {{ name: "{x}", data_type: TYPE_INT32, dims: [ 1 ] }} ]\n'
+        f'output [ {{ name: "{out}", data_type: TYPE_INT32, dims: [ 1 ] }} ]\n'
+        'instance_group [ { kind: KIND_CPU } ]\n')
+
+
+def test_a_stateful_torchscript_model_gets_its_controls_and_state(start_server, tmp_path):
+    """As Triton's libtorch backend: the sequence controls and state inputs are forward()'s
+    arguments, placed by their `__N` suffix or else by forward()'s argument names."""
+    models = {"by_suffix": ["START__0", "STATE__1", "READY__2", "INPUT__3", "OUTPUT__0", "STATE_OUT__1"],
+              "by_argument_name": ["start", "total", "ready", "x", "OUTPUT", "STATE_OUT"]}
+    for name, names in models.items():
+        _accumulate_model(tmp_path / "repo", name, names)
+    server = start_server([tmp_path / "repo"])
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    for name, names in models.items():
+        x, out = names[3], names[4]
+
+        def send(value, seq, name=name, x=x, out=out, **flags):
+            inp = grpcclient.InferInput(x, [1, 1], "INT32")
+            inp.set_data_from_numpy(np.array([[value]], np.int32))
+            return int(client.infer(name, [inp], sequence_id=seq, **flags).as_numpy(out)[0, 0])
+
+        assert send(1, 1, sequence_start=True) == 1
+        assert send(10, 2, sequence_start=True) == 10
+        assert send(2, 1) == 3
+        assert send(20, 2, sequence_end=True) == 30
+        assert send(3, 1, sequence_end=True) == 6

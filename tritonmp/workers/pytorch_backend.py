@@ -1,7 +1,9 @@
 """The PyTorch backend: a TorchScript model.pt, run under inference mode on the CPU or this
 instance's GPU. As Triton's libtorch backend does, inputs are passed to forward() in the order
-of their `__N` suffix (INPUT__0, INPUT__1, ...) or else the configuration's order, and the
-returned tensors fill the outputs the same way."""
+of their `__N` suffix (INPUT__0, INPUT__1, ...), or else by forward()'s argument names, or else in
+the configuration's order, and the returned tensors fill the outputs by their suffix or in order.
+A stateful model's inputs include its sequence control inputs and implicit state inputs, and its
+outputs its state outputs, numbered among the others."""
 
 from __future__ import annotations
 
@@ -22,6 +24,20 @@ def _ordered(names: list[str]) -> list[str]:
     if names and all(_INDEXED.match(n) for n in names):
         return sorted(names, key=lambda n: int(_INDEXED.match(n).group(1)))
     return names
+
+
+def _named(config: dict) -> tuple[list[str], list[str]]:
+    """The model's input and output names: the configuration's, then its sequence controls' and
+    implicit states'."""
+    sb = config.get("sequence_batching", {})
+    inputs = [t["name"] for t in config.get("input", [])]
+    inputs += [c["name"] for c in sb.get("control_input", [])]
+    outputs = [t["name"] for t in config.get("output", [])]
+    for state in sb.get("state", []):
+        inputs.append(state["input_name"])
+        if state["output_name"] not in outputs:
+            outputs.append(state["output_name"])
+    return inputs, outputs
 
 
 def _param(config: dict, key: str) -> str:
@@ -50,8 +66,16 @@ class PyTorchBackend(Backend):
         except Exception as e:  # torch raises RuntimeError and friends for files it cannot read
             raise BackendError(f"cannot load the TorchScript model {path}: {e}") from None
         self.model.eval()
-        self.inputs = _ordered([t["name"] for t in config.get("input", [])])
-        self.outputs = _ordered([t["name"] for t in config.get("output", [])])
+        inputs, outputs = _named(config)
+        self.inputs = _ordered(inputs)
+        if self.inputs is inputs:  # not numbered: by forward()'s argument names where they are those
+            try:
+                arguments = [a.name for a in self.model.forward.schema.arguments][1:]  # after self
+            except (AttributeError, RuntimeError):
+                arguments = []
+            if set(inputs) <= set(arguments):
+                self.inputs = sorted(inputs, key=arguments.index)
+        self.outputs = _ordered(outputs)
         self.output_types = {t["name"]: datatypes.from_config(t["data_type"]) for t in config.get("output", [])}
         self.detail = f"torch {torch.__version__} on {self.device}"
 

@@ -7,8 +7,9 @@ sequences it gave up on (Execute.released).
 
 On a sequence's first request the input is the initial state: `zero_data`, a `data_file` under the
 model's `initial_state/` directory, or, with no initial state, zeros with every variable dimension
-1 (Triton gives uninitialized data there). A row that is no sequence (a Direct batch's placeholder)
-gets the initial state too, and what the model makes of it is dropped."""
+1 (Triton gives uninitialized data there); a BYTES state's zeros are empty elements. A row that is
+no sequence (a Direct batch's placeholder) gets the initial state too, and what the model makes of
+it is dropped."""
 
 from __future__ import annotations
 
@@ -29,19 +30,35 @@ class _State:
     initial: np.ndarray  # one row, without the batch dimension
 
 
+def _zeros(dims: list[int], datatype: str) -> np.ndarray:
+    """A state of zeros; of a BYTES state, empty elements (what a zeroed BYTES buffer holds)."""
+    if datatype == "BYTES":
+        return np.full(dims, b"", dtype=object)
+    return np.zeros(dims, datatypes.NUMPY_OF[datatype])
+
+
+def _as_bytes(array: np.ndarray) -> np.ndarray:
+    out = np.empty(array.shape, dtype=object)
+    out.reshape(-1)[:] = [e.encode() if isinstance(e, str) else e for e in array.reshape(-1)]
+    return out
+
+
 def _initial(state: dict, model_dir: str) -> np.ndarray:
     datatype = datatypes.from_config(state.get("data_type", "TYPE_INVALID"))
     inits = state.get("initial_state") or []  # Triton reads the first
     init = inits[0] if inits else None
     if not init:
-        dims = [1 if int(d) < 0 else int(d) for d in state.get("dims", [])]
-        return np.zeros(dims, datatypes.NUMPY_OF[datatype])
+        return _zeros([1 if int(d) < 0 else int(d) for d in state.get("dims", [])], datatype)
     dims = [int(d) for d in init.get("dims", [])]
-    dtype = datatypes.NUMPY_OF[datatypes.from_config(init.get("data_type", state.get("data_type")))]
+    datatype = datatypes.from_config(init.get("data_type", state.get("data_type")))
     if init.get("data_file"):
-        path = os.path.join(model_dir, "initial_state", init["data_file"])
-        return np.fromfile(path, dtype=dtype, count=int(np.prod(dims))).reshape(dims)
-    return np.zeros(dims, dtype)
+        with open(os.path.join(model_dir, "initial_state", init["data_file"]), "rb") as f:
+            data = f.read()
+        count = int(np.prod(dims))
+        if datatype == "BYTES":  # the file holds the elements in the BYTES layout
+            return datatypes.deserialize_bytes(data, count).reshape(dims)
+        return np.frombuffer(data, datatypes.NUMPY_OF[datatype], count=count).reshape(dims).copy()
+    return _zeros(dims, datatype)
 
 
 class SequenceStates:
@@ -84,6 +101,8 @@ class SequenceStates:
             if tensor.name not in self.output_names:
                 continue
             array = np.asarray(tensor.array)
+            if tensor.datatype == "BYTES":  # a backend may give str elements; an input's are bytes
+                array = _as_bytes(array)
             for row, (key, _start, end) in enumerate(rows):
                 if key is not None and not end:
                     value = array[row] if self.batched else array
