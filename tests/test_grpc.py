@@ -123,6 +123,40 @@ def test_bad_input_is_invalid_argument(server):
     assert "unexpected shape for input 'A' for model 'add'. Expected [-1,3], got [1,4]" in e.value.message()
 
 
+def test_stream_answers_in_request_order_except_for_decoupled_models(server, tmp_path):
+    """As Triton's stream handler: the responses to requests for models that are not decoupled go
+    back in the order their requests came on the stream, even when a later one finishes first; a
+    decoupled model's responses are not held behind them."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    gate = tmp_path / "gate"
+    try:
+        held = grpcclient.InferInput("X", [1, 1], "INT32")
+        held.set_data_from_numpy(np.array([[1]], np.int32))
+        client.async_stream_infer("sequence_slots", [held], request_id="held", sequence_id=31,
+                                  sequence_start=True, sequence_end=True, parameters={"hold": str(gate)})
+        server.wait_until((tmp_path / "gate.held").exists, 30, "the first request to run")
+        before = client.get_inference_statistics("add").model_stats[0].inference_count
+        for i in range(3):
+            a = np.full((1, 3), i, np.float32)
+            client.async_stream_infer("add", add_inputs(grpcclient, a, a), request_id=f"add{i}")
+        n = grpcclient.InferInput("N", [1], "INT32")
+        n.set_data_from_numpy(np.array([2], np.int32))
+        client.async_stream_infer("repeat", [n], request_id="repeat")
+        early = [results.get(timeout=30) for _ in range(2)]  # the decoupled model's, while the first is held
+        assert [(r.get_response().id, e) for r, e in early] == [("repeat", None), ("repeat", None)]
+        server.wait_until(lambda: client.get_inference_statistics("add").model_stats[0].inference_count
+                          == before + 3, 30, "the add requests to finish")
+        assert results.empty()  # finished, but held behind the first
+        gate.touch()
+        rest = [results.get(timeout=30) for _ in range(4)]
+    finally:
+        client.stop_stream()
+    assert [(r.get_response().id, e) for r, e in rest] == [("held", None), ("add0", None), ("add1", None),
+                                                          ("add2", None)]
+
+
 def test_stream_many_requests_in_flight_and_errors_in_stream(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     results: queue.Queue = queue.Queue()

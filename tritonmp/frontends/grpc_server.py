@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
+from collections import deque
 
 import grpc
 from google.protobuf import json_format
@@ -151,10 +152,18 @@ class InferenceService:
         return pb.RepositoryModelUnloadResponse()
 
     async def ModelStreamInfer(self, request_iterator):
-        """Requests are run as they arrive; responses (or in-stream errors) go back in completion
-        order, each carrying its request's id."""
+        """Requests are run as they arrive. As in Triton, the responses to requests for models that
+        are not decoupled (or in-stream errors in their place) go back in the order their requests
+        came on the stream; a decoupled model's go back as they are made. Each carries its request's
+        id."""
         out: asyncio.Queue = asyncio.Queue()
         pending: set[asyncio.Task] = set()
+        ordered: deque[asyncio.Future] = deque()  # non-decoupled requests' answers, in arrival order
+
+        def flush() -> None:
+            while ordered and ordered[0].done():
+                for answer in ordered.popleft().result():
+                    out.put_nowait(answer)
 
         def error(msg, e: ServerError) -> pb.ModelStreamInferResponse:
             return pb.ModelStreamInferResponse(
@@ -165,14 +174,12 @@ class InferenceService:
         # with the metadata "triton_grpc_error: true" the first error ends the stream with its own status
         error_mode = metadata_value("triton_grpc_error").lower() == "true"
 
-        async def failed(msg, e: ServerError) -> None:
-            if error_mode:
-                await out.put(RpcError(CODE_OF.get(e.status, Code.INTERNAL), e.message))
-            else:
-                await out.put(error(msg, e))
+        def failed(msg, e: ServerError):
+            return RpcError(CODE_OF.get(e.status, Code.INTERNAL), e.message) if error_mode else error(msg, e)
 
-        async def one(item):
-            msg = grpc_codec.request_message(item)
+        async def one(item, msg, slot: asyncio.Future | None):
+            answers: list = []
+            emit = answers.append if slot is not None else out.put_nowait
             try:
                 self.api.models.get(msg.model_name, msg.model_version)  # first, as in Triton
                 request = grpc_codec.decode_infer(item)
@@ -180,21 +187,37 @@ class InferenceService:
                 send_empty = request.empty_final
                 async for item in self.api.infer_stream(request):
                     if isinstance(item, ServerError):  # one failed response; more may follow
-                        await failed(msg, item)
+                        emit(failed(msg, item))
                     elif not item.empty or send_empty:
                         response = grpc_codec.encode_infer(item)
                         response.parameters[FINAL].bool_param = item.final  # as Triton marks every one
-                        await out.put(pb.ModelStreamInferResponse(infer_response=response))
+                        emit(pb.ModelStreamInferResponse(infer_response=response))
             except Exception as e:
                 if not isinstance(e, ServerError):
                     log.exception("stream inference failed")
                     e = ServerError(f"internal error: {type(e).__name__}: {e}", Status.INTERNAL)
-                await failed(msg, e)
+                emit(failed(msg, e))
+            finally:
+                if slot is not None:
+                    slot.set_result(answers)
+                    flush()
+
+        def decoupled(msg) -> bool:
+            try:
+                return self.api.models.get(msg.model_name, msg.model_version).pool.decoupled
+            except ServerError:
+                return False  # its error is answered in order
 
         async def read():
+            loop = asyncio.get_running_loop()
             try:
-                async for msg in request_iterator:
-                    task = asyncio.get_running_loop().create_task(one(msg))
+                async for item in request_iterator:
+                    msg = grpc_codec.request_message(item)
+                    slot = None
+                    if not decoupled(msg):
+                        slot = loop.create_future()
+                        ordered.append(slot)
+                    task = loop.create_task(one(item, msg, slot))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
             except Exception as e:  # the request stream broke (e.g. a malformed message): end the call with it
