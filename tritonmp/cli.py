@@ -117,6 +117,10 @@ def serve_parser() -> argparse.ArgumentParser:
                         "instead of going back to the kernel at once, so a model that makes large arrays per "
                         "request does not fault in fresh pages for each; all of it goes back after 10 s "
                         "without a batch (0: the C library's own policy; at most 2047)")
+    p.add_argument("--worker-start", choices=["fork", "exec"], default="fork",
+                   help="how worker processes start: forked from a template process per backend, which has "
+                        "imported what that backend's workers need once for all of them to share (fork), or "
+                        "each with a fresh interpreter that imports everything itself (exec)")
     p.add_argument("--arena-mb", type=int, default=64,
                    help="size of each worker's input and output shared-memory arena, in MiB")
     triton_flags.add_to(p)
@@ -195,6 +199,7 @@ def serve(argv: list[str]) -> int:
         gpus=visible_gpus(), arena_bytes=args.arena_mb << 20, log_verbose=args.log_verbose,
         execution_timeout=args.execution_timeout_secs, load_timeout=args.model_load_timeout_secs,
         busy_poll_us=args.busy_poll_us, heap_retain_bytes=args.worker_heap_retain_mb << 20,
+        worker_start=args.worker_start,
         model_control=args.model_control_mode, load_models=args.load_model, poll_secs=args.repository_poll_secs,
         server_id=args.id, strict_readiness=args.strict_readiness, allow_client_shm=args.allow_client_shm,
         exit_on_error=args.exit_on_error, exit_timeout=args.exit_timeout_secs,

@@ -26,6 +26,7 @@ class ServerSettings:
     load_timeout: float = 0.0  # a model not loaded after this long fails its load (0: no limit)
     busy_poll_us: int = DEFAULT_BUSY_POLL_US  # the loop polls this long after a batch
     heap_retain_bytes: int = 1 << 30  # --worker-heap-retain-mb: freed memory a worker keeps for reuse
+    worker_start: str = "fork"  # --worker-start: "fork" from a template per backend, or "exec" each
     # -- which models are served, and when ----------------------------------------------------
     model_control: str = "none"  # "none", "poll" or "explicit"
     load_models: list[str] = field(default_factory=list)  # explicit: the models loaded at startup

@@ -18,6 +18,7 @@ from ..logs import get_logger
 from ..observability.custom_metrics import CustomMetrics
 from . import transport
 from .channel import Channel
+from .templates import WorkerTemplates
 
 log = get_logger("pool")
 
@@ -32,6 +33,7 @@ class ModelServices:
     bls_stream: InferStream | None = None
     control: ModelCall | None = None
     custom_metrics: CustomMetrics = field(default_factory=CustomMetrics)
+    templates: WorkerTemplates | None = None  # where workers are forked from (None: each is exec'd)
 
 
 class ModelCalls:

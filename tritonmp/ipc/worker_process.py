@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ServerError, Status
 from ..logs import get_logger
@@ -46,13 +46,30 @@ class LoadError(Exception):
     pass
 
 
+class WorkerHandle(Protocol):
+    """A worker process: exec'd (asyncio.subprocess.Process) or forked from a template
+    (templates.ForkedProcess)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+    def kill(self) -> None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
 class WorkerProcess:
     """The process side of a model instance: a slot that a worker process fills."""
 
     def __init__(self, pool: InstancePool, spec: InstanceSpec):
         self.pool = pool
         self.spec = spec
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: WorkerHandle | None = None
         self.channel: Channel | None = None
         self.in_arenas: list[Arena] = []  # two: the batch in flight's, and the one sent ahead's
         self.outputs: OutputArenas | None = None
@@ -120,9 +137,7 @@ class WorkerProcess:
         loop = asyncio.get_running_loop()
         self.ready = loop.create_future()
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "tritonmp.workers.main", env=env, stdin=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),))
+            self.proc = await self._spawn(env, theirs)
         except OSError as e:
             ours.close()
             self._release()
@@ -157,6 +172,17 @@ class WorkerProcess:
         self.started_at = time.monotonic()
         log.info("worker %s of model '%s' version %d is ready (pid %d)%s", self.spec.name,
                  pool.model_name, pool.version, self.proc.pid, f"; {ready.detail}" if ready.detail else "")
+
+    async def _spawn(self, env: dict[str, str], theirs: socket.socket) -> WorkerHandle:
+        """The worker process: forked from its backend's template where the server has templates
+        (only what differs from the frontend's environment goes with the request), else exec'd."""
+        templates = self.pool.services.templates
+        if templates is not None:
+            own = {k: v for k, v in env.items() if os.environ.get(k) != v}
+            return await templates.fork(self.pool.backend, own, theirs.fileno())
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tritonmp.workers.main", env=env, stdin=subprocess.DEVNULL,
+            pass_fds=(theirs.fileno(),))
 
     def _on_channel_lost(self) -> None:
         proc = self.proc

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..errors import ServerError, internal, invalid, not_found, unavailable
 from ..ipc.busy_poll import BusyPoll
 from ..ipc.pool import LoadError, ModelServices
+from ..ipc.templates import WorkerTemplates
 from ..logs import get_logger
 from ..repository import config as cfg
 from ..repository.problems import ConfigProblem
@@ -81,7 +82,7 @@ class ModelManager:
         self.retiring: set[ServedVersion] = set()  # replaced or unloaded, finishing their requests
         # what the models' own calls reach (the server API's infer, infer_stream and model_call, lent by
         # ServerApi.serve_models) and python models' own metric families: one for every model version
-        self.services = ModelServices()
+        self.services = ModelServices(templates=WorkerTemplates() if settings.worker_start == "fork" else None)
         self._startup: dict[str, asyncio.Task] = {}  # loads under way at startup, by model name
 
     # -- the repositories ------------------------------------------------------------------
@@ -374,6 +375,8 @@ class ModelManager:
             task.cancel()
         versions = [v for e in self.models.values() for v in e.versions.values()] + list(self.retiring)
         await asyncio.gather(*(v.stop(deadline) for v in versions))
+        if self.services.templates is not None:
+            await self.services.templates.close()
         for e in self.models.values():
             if e.files_dir:
                 shutil.rmtree(e.files_dir, ignore_errors=True)

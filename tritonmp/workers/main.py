@@ -1,8 +1,9 @@
 """The worker process: load one backend for one model instance, then run the batches the
 frontend sends until told to stop.
 
-Started by the frontend with a clean exec (`python -m tritonmp.workers.main`) and its spec in
-the environment. It speaks only the transport protocol: no HTTP, JSON or protobuf parsing.
+Started by the frontend with a clean exec (`python -m tritonmp.workers.main`), or forked from a
+worker template (template.py), with its spec in the environment. It speaks only the transport
+protocol: no HTTP, JSON or protobuf parsing.
 """
 
 from __future__ import annotations
@@ -361,9 +362,10 @@ def _settle_collector() -> None:
     gc.freeze()
 
 
-def main() -> int:
-    spec = transport.decode_spec(os.environ[transport.SPEC_ENV])
-    die_with_parent(spec.parent_pid)
+def run_worker(spec: transport.WorkerSpec, parent_pid: int) -> int:
+    """Be the worker `spec` describes until told to stop; die with `parent_pid` (the frontend that
+    exec'd us, or the template that forked us)."""
+    die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend decides when we stop
     worker = Worker(spec)
     try:
@@ -372,6 +374,11 @@ def main() -> int:
     finally:
         worker.close()
     return 0
+
+
+def main() -> int:
+    spec = transport.decode_spec(os.environ[transport.SPEC_ENV])
+    return run_worker(spec, spec.parent_pid)
 
 
 if __name__ == "__main__":
