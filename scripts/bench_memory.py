@@ -3,7 +3,8 @@ the time from start to ready and the PSS of the server's whole process tree, for
 side by side in the same run, the reference Triton server (python models; its ONNX backend is not
 installed here).
 
-    python scripts/bench_memory.py [--python 20 60] [--onnx 20] [--no-triton] [--worker-start fork]
+    python scripts/bench_memory.py [--python 20 60] [--onnx 20] [--torch 1 4] [--no-triton]
+                                   [--worker-start fork|exec]
 
 Needs the reference server from ../shared/anchors/setup.sh (ANCHORS_SETUP, ANCHORS_DIR) unless
 --no-triton. Prints one row per run: the PSS of the whole tree and its anonymous part, and the mean
@@ -39,8 +40,41 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
+TORCH_CONFIG = """name: "{name}"
+platform: "pytorch_libtorch"
+max_batch_size: 8
+input [ {{ name: "INPUT__0", data_type: TYPE_FP32, dims: [ 3 ] }},
+        {{ name: "INPUT__1", data_type: TYPE_FP32, dims: [ 3 ] }} ]
+output [ {{ name: "OUTPUT__0", data_type: TYPE_FP32, dims: [ 3 ] }} ]
+instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+"""
+
+
+def _torch_repository(root: Path, n: int) -> Path:
+    """N TorchScript models that add their inputs."""
+    import warnings
+
+    import torch
+
+    class Add(torch.nn.Module):
+        def forward(self, a, b):
+            return a + b
+
+    repo = root / f"torch_{n}"
+    for i in range(n):
+        model = repo / f"add_pt_{i}"
+        (model / "1").mkdir(parents=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.jit.script(Add()).save(str(model / "1" / "model.pt"))
+        (model / "config.pbtxt").write_text(TORCH_CONFIG.format(name=f"add_pt_{i}"))
+    return repo
+
+
 def _repository(root: Path, kind: str, n: int) -> Path:
-    """N copies of the example add model: add_py (python) or add (ONNX)."""
+    """N copies of the example add model: add_py (python) or add (ONNX); or N TorchScript models."""
+    if kind == "torch":
+        return _torch_repository(root, n)
     repo = root / f"{kind}_{n}"
     source = EXAMPLES / ("add_py" if kind == "python" else "add")
     for i in range(n):
@@ -132,6 +166,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", type=int, nargs="*", default=[20, 60], help="numbers of python models")
     parser.add_argument("--onnx", type=int, nargs="*", default=[20], help="numbers of ONNX models")
+    parser.add_argument("--torch", type=int, nargs="*", default=[], help="numbers of TorchScript models")
     parser.add_argument("--no-triton", action="store_true", help="tritonmp only")
     parser.add_argument("--worker-start", default="", help="tritonmp's --worker-start (default: its own)")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds between ready and the reading")
@@ -146,7 +181,8 @@ def main() -> int:
           f"{'MiB/model':>10} {'worker MiB':>11}")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        runs = [("python", n) for n in args.python] + [("onnx", n) for n in args.onnx]
+        runs = [("python", n) for n in args.python] + [("onnx", n) for n in args.onnx] + \
+            [("torch", n) for n in args.torch]
         for kind, n in runs:
             repo = _repository(root, kind, n)
             http, grpc, metrics = _free_ports(3)

@@ -121,6 +121,18 @@ def serve_parser() -> argparse.ArgumentParser:
                    help="how worker processes start: forked from a template process per backend, which has "
                         "imported what that backend's workers need once for all of them to share (fork), or "
                         "each with a fresh interpreter that imports everything itself (exec)")
+    p.add_argument("--load-on-demand", action="store_true",
+                   help="load a model of the repositories when a request first asks for it (the request waits for "
+                        "the load) instead of at startup; with --model-control-mode none or explicit")
+    p.add_argument("--max-resident-models", type=_count, default=0, metavar="N",
+                   help="with --load-on-demand: unload the least recently used models not in use when loading one "
+                        "more would make more than N resident (0: no limit)")
+    p.add_argument("--max-resident-memory-mb", type=_count, default=0, metavar="MIB",
+                   help="with --load-on-demand: the same, when the resident models' workers would take more than "
+                        "this much memory (PSS) (0: no limit)")
+    p.add_argument("--load-on-demand-timeout-secs", type=float, default=60.0, metavar="SECONDS",
+                   help="with --load-on-demand: how long a request waits for its model to load before it fails "
+                        "UNAVAILABLE (the load goes on; 0: as long as it takes)")
     p.add_argument("--arena-mb", type=int, default=64,
                    help="size of each worker's input and output shared-memory arena, in MiB")
     triton_flags.add_to(p)
@@ -199,7 +211,9 @@ def serve(argv: list[str]) -> int:
         gpus=visible_gpus(), arena_bytes=args.arena_mb << 20, log_verbose=args.log_verbose,
         execution_timeout=args.execution_timeout_secs, load_timeout=args.model_load_timeout_secs,
         busy_poll_us=args.busy_poll_us, heap_retain_bytes=args.worker_heap_retain_mb << 20,
-        worker_start=args.worker_start,
+        worker_start=args.worker_start, load_on_demand=args.load_on_demand,
+        max_resident_models=args.max_resident_models, max_resident_memory_bytes=args.max_resident_memory_mb << 20,
+        load_on_demand_wait=args.load_on_demand_timeout_secs,
         model_control=args.model_control_mode, load_models=args.load_model, poll_secs=args.repository_poll_secs,
         server_id=args.id, strict_readiness=args.strict_readiness, allow_client_shm=args.allow_client_shm,
         exit_on_error=args.exit_on_error, exit_timeout=args.exit_timeout_secs,
@@ -217,6 +231,13 @@ def serve(argv: list[str]) -> int:
         return 1
     if args.load_model and args.model_control_mode != "explicit":
         log.error("--load-model needs --model-control-mode=explicit")
+        return 1
+    if args.load_on_demand and args.model_control_mode == "poll":
+        log.error("--load-on-demand works with --model-control-mode none or explicit: polling would load every "
+                  "model it finds changed")
+        return 1
+    if (args.max_resident_models or args.max_resident_memory_mb) and not args.load_on_demand:
+        log.error("--max-resident-models and --max-resident-memory-mb need --load-on-demand")
         return 1
     limits = Limits(args.http_header_timeout_secs, args.http_body_timeout_secs, args.http_keepalive_timeout_secs,
                     args.max_connections)

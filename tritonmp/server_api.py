@@ -12,12 +12,13 @@ from .classification import class_count, classify
 from .errors import ServerError, invalid, unavailable, unsupported
 from .inference import InferRequest, InferResponse
 from .ipc.shm_registry import SharedMemoryRegistry, ShmRef
-from .lifecycle.model_manager import ModelManager, parse_version
+from .lifecycle.model_manager import ModelManager, NotResident, parse_version
 from .logs import get_logger
 from .observability.log_settings import LogSettings
 from .observability.tracing import Tracer
 from .repository import config as cfg
 from .scheduling.response_cache import ResponseCache
+from .served import ServedVersion
 from .validation import check_request
 
 log = get_logger("dataplane")
@@ -83,8 +84,8 @@ class ServerApi:
             return False
         return True
 
-    def model_metadata(self, name: str, version: str) -> dict:
-        mv = self.models.get(name, version)
+    async def model_metadata(self, name: str, version: str) -> dict:
+        mv = await self.models.resolve(name, version)
         entry = self.models.entry(name)
         c = mv.config
 
@@ -95,8 +96,8 @@ class ServerApi:
         return {"name": name, "versions": [str(v) for v in sorted(entry.versions)],
                 "platform": entry.platform, "inputs": tensors(c.input), "outputs": tensors(c.output)}
 
-    def model_config(self, name: str, version: str) -> dict:
-        return self.models.get(name, version).config_json
+    async def model_config(self, name: str, version: str) -> dict:
+        return (await self.models.resolve(name, version)).config_json
 
     def statistics(self, name: str, version: str) -> dict:
         """Triton's statistics reply: every loaded model version, or one model's (one version's)."""
@@ -197,11 +198,15 @@ class ServerApi:
         model ("HTTP end point", "ModelInfer RPC"), which clients match on."""
         return await self.submit(request, endpoint)
 
-    def model_for(self, name: str, version: str, endpoint: str = "This call"):
+    def model_for(self, name: str, version: str, endpoint: str = "This call") -> ServedVersion | None:
         """The ready model version that a request answered once is for; ServerError, as Triton
         words it, for a version string that is no version, an unknown or unready model, or a
-        decoupled one."""
-        mv = self.models.get(name, version)
+        decoupled one. None for a model that is not loaded yet but loads on demand: `submit` loads
+        it (`load_for` for a caller that needs the version in hand)."""
+        try:
+            mv = self.models.get(name, version)
+        except NotResident:
+            return None
         if mv.pool.decoupled:
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy; model "
                               f"'{mv.name}' may send any number of responses: use the gRPC ModelStreamInfer stream")
@@ -216,6 +221,8 @@ class ServerApi:
         start_ns = time.monotonic_ns() if self.tracer.on else 0
         if mv is None:
             mv = self.model_for(request.model_name, request.model_version, endpoint)
+            if mv is None:  # it loads first (--load-on-demand)
+                return asyncio.ensure_future(self._load_then_submit(request, endpoint))
         trace = self.tracer.sample(mv.name, mv.version) if start_ns else None
         if trace is None and (self.cache is None or not mv.config.response_cache.enable):
             self._prepare(mv, request)
@@ -224,6 +231,18 @@ class ServerApi:
                     return asyncio.ensure_future(self._infer(mv, request, prepared=True))
             return mv.scheduler.submit(request)
         return asyncio.ensure_future(self._traced(mv, request, trace, start_ns))
+
+    async def load_for(self, name: str, version: str, endpoint: str = "This call") -> ServedVersion:
+        """`model_for`, after loading the model where it loads on demand."""
+        await self.models.resolve(name, version)
+        mv = self.model_for(name, version, endpoint)
+        if mv is None:  # unloaded again at once: the budget is smaller than the models in use
+            raise unavailable(f"model '{name}' was unloaded again before its request could run")
+        return mv
+
+    async def _load_then_submit(self, request: InferRequest, endpoint: str) -> InferResponse:
+        mv = await self.load_for(request.model_name, request.model_version, endpoint)
+        return await self.submit(request, endpoint, mv)
 
     async def _traced(self, mv, request: InferRequest, trace, start_ns: int) -> InferResponse:
         if trace is None:
@@ -241,7 +260,7 @@ class ServerApi:
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse | ServerError]:
         """Every response to a request: one for most models, any number for a decoupled one."""
-        mv = self.models.get(request.model_name, request.model_version)
+        mv = await self.models.resolve(request.model_name, request.model_version)
         if not mv.pool.decoupled:
             yield await self.infer(request)
             return

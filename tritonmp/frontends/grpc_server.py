@@ -81,7 +81,7 @@ class InferenceService:
                                          extensions=self.extensions)
 
     async def ModelMetadata(self, request):
-        meta = self.api.model_metadata(request.name, request.version)
+        meta = await self.api.model_metadata(request.name, request.version)
         response = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"],
                                             platform=meta["platform"])
         for kind in ("inputs", "outputs"):
@@ -90,7 +90,7 @@ class InferenceService:
         return response
 
     async def ModelConfig(self, request):
-        mv = self.api.models.get(request.name, request.version)
+        mv = await self.api.models.resolve(request.name, request.version)
         return pb.ModelConfigResponse(config=mv.config)
 
     async def ModelInfer(self, request):
@@ -105,7 +105,7 @@ class InferenceService:
         its inputs are read, as Triton does), the request decoded and queued."""
         try:
             msg = grpc_codec.request_message(request)
-            mv = self.api.model_for(msg.model_name, msg.model_version, "ModelInfer RPC")
+            mv = self.api.model_for(msg.model_name, msg.model_version, "ModelInfer RPC")  # None: it loads first
             return self.api.submit(grpc_codec.decode_infer(request), "ModelInfer RPC", mv)
         except ServerError as e:
             raise RpcError(CODE_OF[e.status], e.message) from None
@@ -181,7 +181,7 @@ class InferenceService:
             answers: list = []
             emit = answers.append if slot is not None else out.put_nowait
             try:
-                self.api.models.get(msg.model_name, msg.model_version)  # first, as in Triton
+                self.api.model_for(msg.model_name, msg.model_version)  # first, as in Triton
                 request = grpc_codec.decode_infer(item)
                 self._forward(request)
                 send_empty = request.empty_final

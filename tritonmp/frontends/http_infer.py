@@ -25,8 +25,13 @@ class InferEndpoint:
         self.max_input_size = max_input_size  # a request body's bytes, as received and as inflated
 
     def model(self, name: str, version: str):
-        """The model version a request is for, refused (as in Triton) before its body is read."""
+        """The model version a request is for, refused (as in Triton) before its body is read; None
+        for a model that is not loaded yet but loads on demand (`loaded`)."""
         return self.api.model_for(name, version, ENDPOINT)
+
+    async def loaded(self, name: str, version: str):
+        """The model version a request is for, loaded first where it loads on demand."""
+        return await self.api.load_for(name, version, ENDPOINT)
 
     @staticmethod
     def headers(headers: list) -> tuple[int | None, str, str]:

@@ -231,14 +231,23 @@ class FastInfer:
         self.body = []
         try:
             mv = endpoint.model(self.model, self.version)
-            self.request, self.binary_default = endpoint.decode(body, self.header_length, self.model,
-                                                                self.version, mv)
-            self.request.cancellable = False  # nothing awaits it: its client's going is seen by the protocol
-            future = endpoint.submit(self.request, self.protocol.forwarded, mv)
+            if mv is None:  # not loaded yet (--load-on-demand): decoded once it is
+                future = asyncio.ensure_future(self._after_load(endpoint, body))
+            else:
+                future = self._submit(endpoint, body, mv)
         except Exception as e:  # noqa: BLE001 - answered as the ASGI path answers it
             self._failed(e)
             return
         future.add_done_callback(self.finished)
+
+    def _submit(self, endpoint, body, mv) -> asyncio.Future:
+        self.request, self.binary_default = endpoint.decode(body, self.header_length, self.model, self.version, mv)
+        self.request.cancellable = False  # nothing awaits it: its client's going is seen by the protocol
+        return endpoint.submit(self.request, self.protocol.forwarded, mv)
+
+    async def _after_load(self, endpoint, body):
+        mv = await endpoint.loaded(self.model, self.version)
+        return await self._submit(endpoint, body, mv)
 
     def finished(self, future: asyncio.Future) -> None:
         if future.cancelled():

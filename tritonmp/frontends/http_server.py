@@ -223,7 +223,7 @@ class HttpApp:
         await _send(send, 200, orjson.dumps(doc))
 
     async def model_metadata(self, receive, send, model: str, version: str | None) -> None:
-        await _send(send, 200, orjson.dumps(self.api.model_metadata(model, version or "")))
+        await _send(send, 200, orjson.dumps(await self.api.model_metadata(model, version or "")))
 
     async def model_ready(self, receive, send, model: str, version: str | None) -> None:
         if await self.api.model_ready(model, version or ""):
@@ -232,7 +232,7 @@ class HttpApp:
             await _send(send, 400, _error_body("Model version not ready"), _TEXT)
 
     async def model_config(self, receive, send, model: str, version: str | None) -> None:
-        await _send(send, 200, orjson.dumps(self.api.model_config(model, version or "")))
+        await _send(send, 200, orjson.dumps(await self.api.model_config(model, version or "")))
 
     async def model_stats(self, receive, send, model: str, version: str | None) -> None:
         await _send(send, 200, orjson.dumps(self.api.statistics(model, version or "")))
@@ -242,7 +242,7 @@ class HttpApp:
 
     # -- the generate extension ----------------------------------------------------------------
     async def _generate_request(self, receive, model: str, version: str | None):
-        mv = self.api.models.get(model, version or "")  # an unknown model is said before the body is read
+        mv = await self.api.models.resolve(model, version or "")  # an unknown model is said before the body is read
         doc = generate.parse(bytes(await self._read_body(receive)))
         return generate.decode(doc, model, version or "", mv.inputs, mv.max_batch_size)
 
@@ -375,6 +375,8 @@ class HttpApp:
         body = await self._read_body(receive)
         if content_encoding:
             body = await self._inflate(body, content_encoding)
+        if mv is None:  # not loaded yet (--load-on-demand): loaded now
+            mv = await endpoint.loaded(model, version)
         if header_length is None and len(body) > json_offload.OFFLOAD_BYTES:
             request, binary_default = await json_offload.decode_infer(body, model, version)
         else:

@@ -69,6 +69,7 @@ class Template:
         self.forks: deque[asyncio.Future[ForkedProcess]] = deque()  # fork requests sent, in order
         self.ready: asyncio.Future[wire.Ready] | None = None
         self.alive = False
+        self.closing = False
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -163,10 +164,7 @@ class Template:
             os.close(fd)
 
     async def _watch(self, proc: asyncio.subprocess.Process) -> None:
-        code = await proc.wait()
-        if self.alive:
-            log.error("the %s worker template (pid %d) exited with %s; its workers die with it and are "
-                      "restarted from a new one", self.backend, proc.pid, code)
+        await proc.wait()
         self._died()
 
     def _died(self) -> None:
@@ -174,6 +172,9 @@ class Template:
         if not self.alive:
             return
         self.alive = False
+        if not self.closing:
+            log.error("the %s worker template (pid %d) exited; its workers die with it and are restarted from a "
+                      "new one", self.backend, self.proc.pid if self.proc is not None else 0)
         loop = asyncio.get_running_loop()
         if self.sock is not None:
             loop.remove_reader(self.sock.fileno())
@@ -193,6 +194,7 @@ class Template:
     async def close(self) -> None:
         """Stop the template (its workers are stopped first, by their pools)."""
         proc = self.proc
+        self.closing = True
         self._died()
         if proc is None or proc.returncode is not None:
             return

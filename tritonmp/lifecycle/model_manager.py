@@ -11,7 +11,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from ..errors import ServerError, internal, invalid, not_found, unavailable
+from ..errors import ServerError, Status, internal, invalid, not_found, unavailable
 from ..ipc.busy_poll import BusyPoll
 from ..ipc.pool import LoadError, ModelServices
 from ..ipc.templates import WorkerTemplates
@@ -22,6 +22,7 @@ from ..scheduling.ensemble import EnsembleVersion
 from ..served import ServedVersion
 from ..settings import ServerSettings
 from .model_version import ModelVersion, instance_specs
+from .residency import Residency
 
 log = get_logger("models")
 
@@ -84,6 +85,9 @@ class ModelManager:
         # ServerApi.serve_models) and python models' own metric families: one for every model version
         self.services = ModelServices(templates=WorkerTemplates() if settings.worker_start == "fork" else None)
         self._startup: dict[str, asyncio.Task] = {}  # loads under way at startup, by model name
+        # --load-on-demand: models load when first asked for, the least recently used unloaded past the budget
+        self.residency = Residency(self, settings.max_resident_models, settings.max_resident_memory_bytes,
+                                   settings.load_on_demand_wait) if settings.load_on_demand else None
 
     # -- the repositories ------------------------------------------------------------------
     def discover(self) -> dict[str, list[str]]:
@@ -126,9 +130,12 @@ class ModelManager:
 
     # -- loading and unloading -------------------------------------------------------------
     async def load_all(self, names: list[str] | None = None) -> None:
-        """Startup: load every model (or the named ones), recording failures instead of raising."""
+        """Startup: load every model (or the named ones), recording failures instead of raising. With
+        --load-on-demand, only the named ones: the others load when first asked for."""
         found = self.discover()
         wanted = sorted(found) if names is None or "*" in names else names
+        if self.residency is not None:
+            wanted = [] if names is None else wanted
         for name in found:
             self.models.setdefault(name, ModelEntry(name, found[name][0]))
 
@@ -204,6 +211,8 @@ class ModelManager:
             first = next(iter(new.values()))
             entry.platform = first.config.platform or first.backend
             self._retire(list(old.values()), old_dir)
+        if self.residency is not None:
+            self.residency.loaded(name)
 
     async def _start_versions(self, name: str, path: str, override: str | None,
                               failed: dict[int, str]) -> dict[int, ServedVersion]:
@@ -248,16 +257,19 @@ class ModelManager:
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
 
-    async def unload(self, name: str) -> None:
-        """Stop serving a model; its queued and in-flight requests finish first. Unknown: no error."""
+    async def unload(self, name: str, reason: str = "unloaded") -> None:
+        """Stop serving a model; its queued and in-flight requests finish first. Unknown: no error.
+        `reason`: what the repository index says of its versions."""
         entry = self.models.get(name)
         if entry is None:
             return
         async with entry.lock:
             old, files_dir = entry.versions, entry.files_dir
             entry.versions, entry.files_dir = {}, ""
-            entry.down.update(dict.fromkeys(old, "unloaded"))
+            entry.down.update(dict.fromkeys(old, reason))
             self._retire(list(old.values()), files_dir)
+        if self.residency is not None:
+            self.residency.unloaded(name)
         log.info("unloading '%s'", name)
 
     def index(self, ready_only: bool = False) -> list[dict]:
@@ -281,7 +293,7 @@ class ModelManager:
             down = sorted(v for v in entry.down if v not in entry.versions)
             for v in down:
                 rows.append({"name": name, "version": str(v), "state": "UNAVAILABLE", "reason": entry.down[v]})
-            if entry.problem and not entry.versions and all(entry.down[v] == "unloaded" for v in down):
+            if entry.problem and not entry.versions and all(entry.down[v].startswith("unloaded") for v in down):
                 # the load failed before any version started (else its versions' rows say why)
                 rows.append({"name": name, "state": "UNAVAILABLE", "reason": entry.problem})
         return rows
@@ -348,11 +360,33 @@ class ModelManager:
             raise not_found(f"Request for unknown model: '{name}' is not found")
         return entry
 
+    def in_repository(self, name: str) -> bool:
+        return valid_model_name(name) and any(os.path.isdir(os.path.join(r, name)) for r in self.settings.repositories)
+
+    async def resolve(self, name: str, version: str = "") -> ServedVersion:
+        """`get`, after loading the model where it is not resident (--load-on-demand)."""
+        try:
+            return self.get(name, version)
+        except NotResident:
+            assert self.residency is not None
+            await self.residency.ensure(name)
+            return self.get(name, version)
+
     def get(self, name: str, version: str = "") -> ServedVersion:
         """The ready model version a request is for (the highest ready one without a version), as
         Triton finds it: INVALID_ARG for a version string that is no version, NOT_FOUND for an unknown
-        model or version, UNAVAILABLE for a known version that is not ready."""
+        model or version, UNAVAILABLE for a known version that is not ready. With --load-on-demand,
+        NotResident for a model of the repositories that has no version loaded (`resolve` loads it)."""
         number = parse_version(version) if version else -1
+        residency = self.residency
+        if residency is not None:
+            entry_or_none = self.models.get(name)
+            if entry_or_none is None or not entry_or_none.versions:
+                if entry_or_none is not None or self.in_repository(name):
+                    raise NotResident(f"model '{name}' is not loaded: it loads on its first request "
+                                      "(--load-on-demand)")
+            else:
+                residency.used(name)
         entry = self.entry(name)
         if number >= 0:
             mv = entry.versions.get(number)
@@ -380,6 +414,14 @@ class ModelManager:
         for e in self.models.values():
             if e.files_dir:
                 shutil.rmtree(e.files_dir, ignore_errors=True)
+
+
+class NotResident(ServerError):
+    """A model of the repositories that is not loaded, where models load on demand: a caller that
+    can wait loads it (ModelManager.resolve); one that cannot says it is unavailable."""
+
+    def __init__(self, message: str):
+        super().__init__(message, Status.UNAVAILABLE)
 
 
 def _poll_failed(name: str, reason: str) -> ServerError:

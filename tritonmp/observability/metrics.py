@@ -240,6 +240,21 @@ def render(models, system: SystemSampler) -> bytes:
             out.sample("tritonmp_model_ready", int(mv.state == "READY"), model=name, version=str(version))
         if entry.problem and not entry.versions:
             out.sample("tritonmp_model_ready", 0, model=name, version="")
+    residency = models.residency
+    if residency is not None:  # --load-on-demand
+        out.family("tritonmp_model_resident", "gauge", "1 for each model loaded on demand and resident now")
+        for name in residency.lru:
+            out.sample("tritonmp_model_resident", 1, model=name)
+        out.family("tritonmp_resident_models", "gauge", "Models resident now (--load-on-demand)")
+        out.sample("tritonmp_resident_models", len(residency.lru))
+        out.family("tritonmp_resident_memory_bytes", "gauge",
+                   "Memory (PSS) of the resident models' workers, as measured when each loaded")
+        out.sample("tritonmp_resident_memory_bytes", residency.memory_bytes)
+        out.family("tritonmp_model_loads_on_demand_total", "counter", "Models loaded because a request asked for them")
+        out.sample("tritonmp_model_loads_on_demand_total", residency.loads)
+        out.family("tritonmp_model_evictions_total", "counter",
+                   "Models unloaded to keep within --max-resident-models or --max-resident-memory-mb")
+        out.sample("tritonmp_model_evictions_total", residency.evictions)
     out.family("tritonmp_queue_depth", "gauge", "Requests waiting in the model's queue")
     out.family("tritonmp_inflight_requests", "gauge", "Requests executing on the model's instances")
     out.family("tritonmp_worker_restarts_total", "counter", "Worker processes of the model restarted after dying")

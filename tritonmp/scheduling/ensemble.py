@@ -86,6 +86,9 @@ class EnsembleScheduler:
     def busy(self) -> bool:
         return bool(self.running)
 
+    def keeps_state(self) -> bool:
+        return False
+
     async def drained(self) -> None:
         await self._idle.wait()
 

@@ -312,6 +312,9 @@ class Scheduler:
     def busy(self) -> bool:
         return bool(self.queue) or any(i.batch is not None for i in self.pool.instances)
 
+    def keeps_state(self) -> bool:
+        return False
+
     async def drained(self) -> None:
         """Return once nothing is queued or running."""
         await self._drain.wait()

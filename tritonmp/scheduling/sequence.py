@@ -261,6 +261,9 @@ class SequenceScheduler:
     def busy(self) -> bool:
         return any(s.busy() for s in self.live.values())
 
+    def keeps_state(self) -> bool:
+        return bool(self.live)
+
     async def drained(self) -> None:
         await self._drain.wait()
 

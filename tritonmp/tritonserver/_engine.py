@@ -56,7 +56,7 @@ class Engine(ServerRuntime):
 
         async def run():
             try:
-                mv = self.models.get(request.model_name, request.model_version)
+                mv = await self.models.resolve(request.model_name, request.model_version)
                 if mv.pool.decoupled:
                     async for item in self.api.infer_stream(request):
                         deliver(item)

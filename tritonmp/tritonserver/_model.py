@@ -75,7 +75,7 @@ class Model:
             raise from_server_error(e) from None
 
     def metadata(self) -> dict[str, Any]:
-        return self._ask(self._server._engine.api.model_metadata, self.name, self._version())
+        return self._server._await(self._server._engine.api.model_metadata, self.name, self._version())
 
     def ready(self) -> bool:
         return self._server._await(self._server._engine.api.model_ready, self.name, self._version())
@@ -83,7 +83,7 @@ class Model:
     def config(self, config_version: int = 1) -> dict[str, Any]:
         if config_version != 1:
             raise InvalidArgumentError(f"model configuration version {config_version} is not supported; use 1")
-        return self._ask(self._server._engine.api.model_config, self.name, self._version())
+        return self._server._await(self._server._engine.api.model_config, self.name, self._version())
 
     def statistics(self) -> dict[str, Any]:
         return self._ask(self._server._engine.api.statistics, self.name, self._version())

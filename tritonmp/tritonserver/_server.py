@@ -107,6 +107,12 @@ class Options:
     backend_configuration: dict[str, dict[str, str]] = field(default_factory=dict)
     host_policies: dict[str, dict[str, str]] = field(default_factory=dict)
     metrics_configuration: dict[str, dict[str, str]] = field(default_factory=dict)
+    # tritonmp's own, beside Triton's: models loaded on demand under a budget (the command's
+    # --load-on-demand, --max-resident-models, --max-resident-memory-mb, --load-on-demand-timeout-secs)
+    load_on_demand: bool = False
+    max_resident_models: int = 0
+    max_resident_memory_mb: int = 0
+    load_on_demand_timeout: float = 60.0
 
 
 # what each option must be (checked at start(), as Triton's bindings check them: TypeError)
@@ -115,6 +121,7 @@ _TYPES = {
     "exit_timeout": int, "log_info": bool, "log_warn": bool, "log_error": bool, "log_verbose": int,
     "metrics": bool, "gpu_metrics": bool, "cpu_metrics": bool, "metrics_interval": int,
     "startup_models": list, "backend_configuration": dict, "cache_config": dict,
+    "load_on_demand": bool, "max_resident_models": int, "max_resident_memory_mb": int,
 }
 # options this server has no counterpart for: only their defaults are accepted
 _WITHOUT_COUNTERPART = ("rate_limiter_resources", "pinned_memory_pool_size", "cuda_memory_pool_sizes",
@@ -349,13 +356,18 @@ class Server:
             cache = ResponseCache(int(local["size"]))
         control = {ModelControlMode.NONE: "none", ModelControlMode.POLL: "poll",
                    ModelControlMode.EXPLICIT: "explicit"}[ModelControlMode(options.model_control_mode)]
+        if options.load_on_demand and control == "poll":
+            raise InvalidArgumentError("Options.load_on_demand works with ModelControlMode.NONE or EXPLICIT")
         settings = ServerSettings(
             list(repos), auto_complete=not options.strict_model_config, default_max_batch_sizes=defaults,
             log_verbose=options.log_verbose, model_control=control, server_id=options.server_id,
             strict_readiness=options.strict_readiness, exit_on_error=options.exit_on_error,
             exit_timeout=float(options.exit_timeout),
             cpu_metrics=options.cpu_metrics, gpu_metrics=options.gpu_metrics,
-            metrics_interval=max(0.1, options.metrics_interval / 1000), flags=_given_options(options))
+            metrics_interval=max(0.1, options.metrics_interval / 1000), load_on_demand=options.load_on_demand,
+            max_resident_models=options.max_resident_models,
+            max_resident_memory_bytes=options.max_resident_memory_mb << 20,
+            load_on_demand_wait=float(options.load_on_demand_timeout), flags=_given_options(options))
         return settings, cache
 
 

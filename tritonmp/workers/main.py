@@ -35,6 +35,7 @@ from .inbox import Inbox
 from .sequence_state import SequenceStates
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 
 
 class OutputError(Exception):
@@ -50,6 +51,15 @@ def die_with_parent(parent_pid: int) -> None:
         pass
     if os.getppid() != parent_pid:
         os._exit(3)
+
+
+def set_process_name(name: str) -> None:
+    """The name `top` and `ps -o comm` show for this process (15 bytes at most): a forked worker's
+    command line is its template's, so this is what tells them apart."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except OSError:
+        pass
 
 
 # backend name -> (module of this package, class), imported only by the worker that runs it
@@ -366,6 +376,7 @@ def run_worker(spec: transport.WorkerSpec, parent_pid: int) -> int:
     """Be the worker `spec` describes until told to stop; die with `parent_pid` (the frontend that
     exec'd us, or the template that forked us)."""
     die_with_parent(parent_pid)
+    set_process_name(spec.instance_name)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend decides when we stop
     worker = Worker(spec)
     try:

@@ -35,7 +35,7 @@ import msgspec
 from tritonmp.ipc import template_protocol as wire
 from tritonmp.ipc import transport
 
-from .main import die_with_parent, run_worker
+from .main import die_with_parent, run_worker, set_process_name
 
 # backend -> the modules its template imports beyond the worker runtime. Only frameworks that
 # import without starting threads or touching a GPU: TensorFlow starts threads at import and
@@ -158,6 +158,7 @@ class Template:
 def main() -> int:
     backend, frontend, control_fd = os.environ.pop(wire.TEMPLATE_ENV).split()
     die_with_parent(int(frontend))
+    set_process_name(f"template:{backend}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend decides when we stop
     control = socket.socket(fileno=int(control_fd))
     ready = _preload(backend)
