@@ -5,6 +5,7 @@ installed here).
 
     python scripts/bench_memory.py [--python 20 60] [--onnx 20] [--torch 1 4] [--no-triton]
                                    [--worker-start fork|exec]
+    python scripts/bench_memory.py --walk 1000 --resident 50
 
 Needs the reference server from ../shared/anchors/setup.sh (ANCHORS_SETUP, ANCHORS_DIR) unless
 --no-triton. Prints one row per run: the PSS of the whole tree and its anonymous part, and the mean
@@ -162,16 +163,64 @@ def measure(command: list[str], http: int, log: Path, settle: float) -> tuple[fl
                 proc.wait()
 
 
+ADD_BODY = (b'{"inputs":[{"name":"A","shape":[1,3],"datatype":"FP32","data":[1,2,3]},'
+            b'{"name":"B","shape":[1,3],"datatype":"FP32","data":[1,1,1]}]}')
+
+
+def walk(root: Path, n: int, resident: int, settle: float) -> None:
+    """N python models served with --load-on-demand --max-resident-models RESIDENT: one request to
+    each in turn, timed (each is the model's first), and the tree's PSS as the walk goes."""
+    repo = _repository(root, "python", n)
+    http, grpc, metrics = _free_ports(3)
+    command = [sys.executable, "-m", "tritonmp", "--model-repository", str(repo), "--http-port", str(http),
+               "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--load-on-demand",
+               "--max-resident-models", str(resident)]
+    with open(root / "walk.log", "wb") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            _ready(http, proc, 600)
+            print(f"walk: {n} python models, at most {resident} resident")
+            print(f"{'models walked':>14} {'PSS MiB':>8} {'procs':>6} {'first request ms: p50':>22} {'max':>7}")
+            latencies: list[float] = []
+            for i in range(n):
+                request = urllib.request.Request(f"http://127.0.0.1:{http}/v2/models/add_py_{i}/infer", ADD_BODY,
+                                                 method="POST")
+                started = time.monotonic()
+                with urllib.request.urlopen(request, timeout=120) as r:
+                    r.read()
+                latencies.append((time.monotonic() - started) * 1000)
+                if (i + 1) % max(1, n // 10) == 0 or i + 1 == n:
+                    tree = _tree(proc.pid)
+                    pss = sum(_pss_kib(p)[0] for p, _ in tree) // 1024
+                    ordered = sorted(latencies)
+                    print(f"{i + 1:>14} {pss:>8} {len(tree):>6} {ordered[len(ordered) // 2]:>22.1f} "
+                          f"{ordered[-1]:>7.1f}", flush=True)
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", type=int, nargs="*", default=[20, 60], help="numbers of python models")
     parser.add_argument("--onnx", type=int, nargs="*", default=[20], help="numbers of ONNX models")
     parser.add_argument("--torch", type=int, nargs="*", default=[], help="numbers of TorchScript models")
+    parser.add_argument("--walk", type=int, default=0, metavar="N",
+                        help="instead: walk N python models loaded on demand (see --resident)")
+    parser.add_argument("--resident", type=int, default=50, help="--max-resident-models for --walk")
     parser.add_argument("--no-triton", action="store_true", help="tritonmp only")
     parser.add_argument("--worker-start", default="", help="tritonmp's --worker-start (default: its own)")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds between ready and the reading")
     args = parser.parse_args()
     reference = ANCHORS / "bin" / "tritonserver-ref"
+    if args.walk:
+        with tempfile.TemporaryDirectory() as tmp:
+            walk(Path(tmp), args.walk, args.resident, args.settle)
+        return 0
     if not args.no_triton:
         setup = os.environ.get("ANCHORS_SETUP", str(ROOT.parent / "shared" / "anchors" / "setup.sh"))
         subprocess.run(["bash", setup, str(ANCHORS)], check=True, stdout=subprocess.DEVNULL)

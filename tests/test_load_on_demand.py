@@ -4,6 +4,7 @@ past the budget the least recently used model not in use is unloaded, never one 
 sequence; the repository index, the metrics and the status document say what is resident and count
 loads and evictions."""
 
+import re
 import shutil
 
 import numpy as np
@@ -125,3 +126,18 @@ def test_in_process_server_loads_on_demand(repo):
         assert {m.name for m in server.models(exclude_not_ready=True).values()} == {"m1"}
     finally:
         server.stop()
+
+
+def test_the_status_page_shows_what_is_resident(start_server, repo, tmp_path):
+    from test_status_page import CHROMIUM, _render
+
+    if CHROMIUM is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    server = start_server([repo], "--load-on-demand", "--max-resident-models", "1")
+    http = httpclient.InferenceServerClient(server.url)
+    for model in ("m0", "m1"):
+        assert _add(http, httpclient, model) == [[2, 2, 2]]
+    dom = _render(server, tmp_path)
+    assert re.search(r'id="residency-card"(?! hidden)[^>]*>', dom)  # shown where models load on demand
+    assert '<div class="value" id="resident">1 / 1</div>' in dom
+    assert "2 loads · 1 evictions" in dom
