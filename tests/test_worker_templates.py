@@ -65,3 +65,20 @@ def test_exec_starts_each_worker_as_the_servers_own_child(start_server, example_
     assert not _templates(server)
     assert _parent(_workers(server, "add_py_0_0")[-1]) == server.pid
     assert _infer(server, "add_py") == [5, 7, 9] and _infer(server, "add") == [5, 7, 9]
+
+
+def test_fork_requests_wait_for_room_in_the_templates_socket(start_server, example_repo, tmp_path):
+    """Each fork request carries its worker's spec, config included: many workers starting at once
+    (here 6, each with a 120 KiB config) fill the socket to the template, and the requests wait for
+    room instead of failing."""
+    import shutil
+
+    model = tmp_path / "repo" / "big_config"
+    shutil.copytree(example_repo / "add_py", model)
+    config = model / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "add_py"', 'name: "big_config"')
+                      .replace("count: 1", "count: 6")
+                      + 'parameters { key: "blob" value: { string_value: "%s" } }\n' % ("x" * (120 << 10)))
+    server = start_server([tmp_path / "repo"])
+    assert len({_workers(server, f"big_config_0_{i}")[-1] for i in range(6)}) == 6
+    assert _infer(server, "big_config") == [5, 7, 9]

@@ -44,9 +44,14 @@ def encode(kind: bytes, message) -> bytes:
     return kind + _encoder.encode(message)
 
 
-def send(sock: socket.socket, kind: bytes, message, fds: Sequence[int] = ()) -> None:
+def send_packet(sock: socket.socket, packet: bytes, fds: Sequence[int] = ()) -> None:
+    """One encoded message; BlockingIOError where a non-blocking socket has no room for it now."""
     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sock.sendmsg([encode(kind, message)], ancillary)
+    sock.sendmsg([packet], ancillary)
+
+
+def send(sock: socket.socket, kind: bytes, message, fds: Sequence[int] = ()) -> None:
+    send_packet(sock, encode(kind, message), fds)
 
 
 def receive(sock: socket.socket) -> tuple[bytes, bytes, list[int]]:

@@ -67,6 +67,9 @@ class Template:
         self.sock: socket.socket | None = None
         self.children: dict[int, ForkedProcess] = {}
         self.forks: deque[asyncio.Future[ForkedProcess]] = deque()  # fork requests sent, in order
+        # fork requests not sent yet: many workers starting at once fill the socket (each carries its spec)
+        self.outbox: deque[tuple[bytes, int]] = deque()
+        self._writing = False  # waiting for room in the socket
         self.ready: asyncio.Future[wire.Ready] | None = None
         self.alive = False
         self.closing = False
@@ -106,12 +109,29 @@ class Template:
             raise OSError(f"the {self.backend} worker template is not running")
         future: asyncio.Future[ForkedProcess] = asyncio.get_running_loop().create_future()
         self.forks.append(future)
-        try:
-            wire.send(self.sock, wire.FORK, wire.ForkRequest(env), [fd])
-        except OSError:
-            self.forks.remove(future)
-            raise
+        self.outbox.append((wire.encode(wire.FORK, wire.ForkRequest(env)), fd))
+        self._flush()
         return await future
+
+    def _flush(self) -> None:
+        """Send what the outbox holds, in order, as the socket has room for it."""
+        sock, loop = self.sock, asyncio.get_running_loop()
+        while sock is not None and self.outbox:
+            packet, fd = self.outbox[0]
+            try:
+                wire.send_packet(sock, packet, [fd])
+            except BlockingIOError:
+                if not self._writing:
+                    loop.add_writer(sock.fileno(), self._flush)
+                    self._writing = True
+                return
+            except OSError:
+                self._died()
+                return
+            self.outbox.popleft()
+        if self._writing and sock is not None:
+            loop.remove_writer(sock.fileno())
+        self._writing = False
 
     def _on_readable(self) -> None:
         sock = self.sock
@@ -178,8 +198,12 @@ class Template:
         loop = asyncio.get_running_loop()
         if self.sock is not None:
             loop.remove_reader(self.sock.fileno())
+            if self._writing:
+                loop.remove_writer(self.sock.fileno())
+                self._writing = False
             self.sock.close()
             self.sock = None
+        self.outbox.clear()
         if self.ready is not None and not self.ready.done():
             self.ready.set_exception(OSError(f"the {self.backend} worker template exited while starting"))
         while self.forks:
