@@ -30,7 +30,7 @@ START_TIMEOUT_S = 120.0  # a template imports a framework: torch takes seconds o
 class ForkedProcess:
     """A worker forked by a template."""
 
-    def __init__(self, pid: int, pidfd: int):
+    def __init__(self, pid: int, pidfd: int | None):
         self.pid = pid
         self.returncode: int | None = None
         self._pidfd = pidfd
@@ -41,7 +41,8 @@ class ForkedProcess:
         if self.returncode is not None:
             return
         self.returncode = code
-        os.close(self._pidfd)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
         self._exited.set_result(code)
 
     async def wait(self) -> int:
@@ -50,7 +51,10 @@ class ForkedProcess:
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
             try:
-                signal.pidfd_send_signal(self._pidfd, sig)
+                if self._pidfd is not None:
+                    signal.pidfd_send_signal(self._pidfd, sig)
+                else:  # not reaped yet (the template says when it is): the pid is still this process's
+                    os.kill(self.pid, sig)
             except ProcessLookupError:
                 pass  # exited; the template's word of it is on its way
 
@@ -159,16 +163,17 @@ class Template:
         elif kind == wire.FORKED:
             forked = msgspec.msgpack.decode(body, type=wire.Forked)
             future = self.forks.popleft() if self.forks else None
-            if forked.error or not fds:
+            if forked.error:
                 for fd in fds:
                     os.close(fd)
                 if future is not None and not future.done():
-                    future.set_exception(OSError(forked.error or "the template sent no pidfd"))
+                    future.set_exception(OSError(forked.error))
                 return
-            pidfd = fds[0]
+            pidfd = fds[0] if fds else None  # none where the kernel has no pidfds
             for fd in fds[1:]:
                 os.close(fd)
-            os.set_inheritable(pidfd, False)
+            if pidfd is not None:
+                os.set_inheritable(pidfd, False)
             # known before anything else runs: the template's word of its exit may come next
             child = self.children[forked.pid] = ForkedProcess(forked.pid, pidfd)
             if future is not None and not future.done():

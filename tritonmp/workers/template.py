@@ -123,7 +123,11 @@ class Template:
                 sys.stderr.flush()
                 os._exit(code)
         os.close(fd)
-        pidfd = os.pidfd_open(pid)  # before it can be reaped: the frontend signals this process, no other
+        try:  # before it can be reaped: the frontend signals this process, no other
+            pidfd = os.pidfd_open(pid)
+        except OSError:  # a kernel or sandbox without pidfds: the frontend signals it by its pid
+            wire.send(control, wire.FORKED, wire.Forked(pid=pid))
+            return
         try:
             wire.send(control, wire.FORKED, wire.Forked(pid=pid), [pidfd])
         finally:
