@@ -232,6 +232,14 @@ class ServerApi:
             return mv.scheduler.submit(request)
         return asyncio.ensure_future(self._traced(mv, request, trace, start_ns))
 
+    def check_model(self, name: str, version: str) -> None:
+        """Refuse, as Triton does before anything else, a request for a model version that is
+        unknown or not ready; a model that loads on demand is neither."""
+        try:
+            self.models.get(name, version)
+        except NotResident:
+            pass
+
     async def load_for(self, name: str, version: str, endpoint: str = "This call") -> ServedVersion:
         """`model_for`, after loading the model where it loads on demand."""
         await self.models.resolve(name, version)

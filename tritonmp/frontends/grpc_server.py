@@ -181,7 +181,7 @@ class InferenceService:
             answers: list = []
             emit = answers.append if slot is not None else out.put_nowait
             try:
-                self.api.model_for(msg.model_name, msg.model_version)  # first, as in Triton
+                self.api.check_model(msg.model_name, msg.model_version)  # first, as in Triton
                 request = grpc_codec.decode_infer(item)
                 self._forward(request)
                 send_empty = request.empty_final
