@@ -14,19 +14,19 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import EXAMPLE_REPO, TEST_MODELS, http_request, scrape_metrics
+from conftest import TEST_MODELS, http_request, scrape_metrics
 
 ONES = np.ones((1, 3), np.float32)
 
 
-def _repository(root, n: int):
+def _repository(root, examples, n: int):
     """n python add models (m0, m1, ...), an ONNX one (onnx_add) and a sequence model."""
     repo = root / "repo"
     for i in range(n):
-        shutil.copytree(EXAMPLE_REPO / "add_py", repo / f"m{i}")
+        shutil.copytree(examples / "add_py", repo / f"m{i}")
         config = repo / f"m{i}" / "config.pbtxt"
         config.write_text(config.read_text().replace('name: "add_py"', f'name: "m{i}"'))
-    shutil.copytree(EXAMPLE_REPO / "add", repo / "onnx_add")
+    shutil.copytree(examples / "add", repo / "onnx_add")
     config = repo / "onnx_add" / "config.pbtxt"
     config.write_text(config.read_text().replace('name: "add"', 'name: "onnx_add"'))
     shutil.copytree(TEST_MODELS / "sequence_slots", repo / "sequence_slots")
@@ -51,10 +51,8 @@ def _resident(server) -> set[str]:
 
 
 @pytest.fixture
-def repo(tmp_path):
-    if not (EXAMPLE_REPO / "add" / "1" / "model.onnx").exists():
-        pytest.fail("the example repository is not built (make test builds it)")
-    return _repository(tmp_path, 4)
+def repo(tmp_path, example_repo):
+    return _repository(tmp_path, example_repo, 4)
 
 
 def test_models_load_on_their_first_request_and_the_least_recently_used_go(start_server, repo):
