@@ -82,3 +82,4 @@ def test_fork_requests_wait_for_room_in_the_templates_socket(start_server, examp
     server = start_server([tmp_path / "repo"])
     assert len({_workers(server, f"big_config_0_{i}")[-1] for i in range(6)}) == 6
     assert _infer(server, "big_config") == [5, 7, 9]
+

@@ -72,7 +72,7 @@ class Template:
         self.children: dict[int, ForkedProcess] = {}
         self.forks: deque[asyncio.Future[ForkedProcess]] = deque()  # fork requests sent, in order
         # fork requests not sent yet: many workers starting at once fill the socket (each carries its spec)
-        self.outbox: deque[tuple[bytes, int]] = deque()
+        self.outbox: deque[tuple[bytes, int, asyncio.Future[ForkedProcess]]] = deque()
         self._writing = False  # waiting for room in the socket
         self.ready: asyncio.Future[wire.Ready] | None = None
         self.alive = False
@@ -112,8 +112,7 @@ class Template:
         if not self.alive or self.sock is None:
             raise OSError(f"the {self.backend} worker template is not running")
         future: asyncio.Future[ForkedProcess] = asyncio.get_running_loop().create_future()
-        self.forks.append(future)
-        self.outbox.append((wire.encode(wire.FORK, wire.ForkRequest(env)), fd))
+        self.outbox.append((wire.encode(wire.FORK, wire.ForkRequest(env)), fd, future))
         self._flush()
         return await future
 
@@ -121,7 +120,7 @@ class Template:
         """Send what the outbox holds, in order, as the socket has room for it."""
         sock, loop = self.sock, asyncio.get_running_loop()
         while sock is not None and self.outbox:
-            packet, fd = self.outbox[0]
+            packet, fd, future = self.outbox[0]
             try:
                 wire.send_packet(sock, packet, [fd])
             except BlockingIOError:
@@ -129,10 +128,14 @@ class Template:
                     loop.add_writer(sock.fileno(), self._flush)
                     self._writing = True
                 return
-            except OSError:
-                self._died()
-                return
+            except OSError as e:  # this request cannot go (EMSGSIZE: a spec larger than the socket takes)
+                self.outbox.popleft()
+                if not future.done():
+                    future.set_exception(OSError(f"cannot send the fork request to the {self.backend} worker "
+                                                 f"template: {e}"))
+                continue
             self.outbox.popleft()
+            self.forks.append(future)  # answered in the order sent
         if self._writing and sock is not None:
             loop.remove_writer(sock.fileno())
         self._writing = False
@@ -208,6 +211,9 @@ class Template:
                 self._writing = False
             self.sock.close()
             self.sock = None
+        for _packet, _fd, future in self.outbox:
+            if not future.done():
+                future.set_exception(OSError(f"the {self.backend} worker template exited"))
         self.outbox.clear()
         if self.ready is not None and not self.ready.done():
             self.ready.set_exception(OSError(f"the {self.backend} worker template exited while starting"))

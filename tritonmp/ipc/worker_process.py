@@ -179,7 +179,11 @@ class WorkerProcess:
         templates = self.pool.services.templates
         if templates is not None:
             own = {k: v for k, v in env.items() if os.environ.get(k) != v}
-            return await templates.fork(self.pool.backend, own, theirs.fileno())
+            try:
+                return await templates.fork(self.pool.backend, own, theirs.fileno())
+            except OSError as e:  # the template could not start or fork it: a worker of its own, then
+                log.warning("worker %s of model '%s' is started by exec instead: %s", self.spec.name,
+                            self.pool.model_name, e)
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tritonmp.workers.main", env=env, stdin=subprocess.DEVNULL,
             pass_fds=(theirs.fileno(),))
