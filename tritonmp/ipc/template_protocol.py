@@ -14,7 +14,7 @@ TEMPLATE_ENV = "TRITONMP_TEMPLATE"  # the template's: "<backend> <frontend pid> 
 
 
 class ForkRequest(msgspec.Struct, array_like=True):
-    env: dict[str, str]  # the worker's own environment variables (its spec, CUDA_VISIBLE_DEVICES)
+    env: dict[str, str]  # where the worker's environment differs from the template's (CUDA_VISIBLE_DEVICES)
 
 
 class Forked(msgspec.Struct, array_like=True):
@@ -35,7 +35,7 @@ class Ready(msgspec.Struct, array_like=True):
 # frontend -> template: FORK (with the worker's socket); template -> frontend: READY once, then
 # FORKED (with a pidfd of the worker) for each FORK in order, and EXITED for each worker reaped
 FORK, FORKED, EXITED, READY = b"K", b"D", b"X", b"R"
-MAX_MESSAGE = 1 << 20  # a ForkRequest carries the worker's spec, config included
+MAX_MESSAGE = 1 << 16  # a ForkRequest carries a few variables (the spec goes on the worker's own socket)
 
 _encoder = msgspec.msgpack.Encoder()
 

@@ -34,6 +34,7 @@ METRIC = b"M"  # worker -> frontend: a custom metric's update or deletion, unans
 LOG = b"L"  # worker -> frontend: a line of pb_utils.Logger, for the server's log as it is set now (header: Log)
 READINESS = b"Q"  # frontend -> worker: ask the model's own readiness check (header: ReadinessCheck)
 READINESS_RESULT = b"q"  # worker -> frontend: its answer (header: ReadinessResult)
+SPEC = b"P"  # frontend -> worker: what it is to be (header: WorkerSpec), the first message on its socket
 
 
 class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -176,9 +177,10 @@ class LoadFailed(msgspec.Struct):
 
 
 class WorkerSpec(msgspec.Struct):
-    """Everything a worker needs to start; handed over in the environment."""
+    """Everything a worker needs to start: the first message on its socket (SPEC), as a config may
+    be larger than an environment variable can hold (128 KiB)."""
 
-    fd: int  # the worker's end of its socket to the frontend
+    fd: int  # the worker's end of its socket to the frontend (as the worker numbers it)
     parent_pid: int
     model_name: str
     model_version: int
@@ -208,16 +210,7 @@ def decode(cls, data):
     return _decoders[cls].decode(data)
 
 
-def encode_spec(spec: WorkerSpec) -> str:
-    """A spec as JSON text, fit for an environment variable (msgpack may hold NUL bytes)."""
-    return msgspec.json.encode(spec).decode()
-
-
-def decode_spec(text: str | bytes) -> WorkerSpec:
-    return msgspec.json.decode(text, type=WorkerSpec)
-
-
-SPEC_ENV = "TRITONMP_WORKER_SPEC"
+SOCKET_ENV = "TRITONMP_WORKER_SOCKET"  # an exec'd worker's: "<its socket's fd> <the frontend's pid>"
 # Tensors smaller than this travel as ZeroMQ frames; larger ones through the arena.
 INLINE_LIMIT = 64 * 1024
 
@@ -277,6 +270,22 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> bool:
             return False
         view = view[n:]
     return True
+
+
+def read_spec(sock: socket.socket) -> WorkerSpec | None:
+    """A worker's spec, the first message on its socket, read to its last byte and no further (what
+    follows is the worker loop's); None when the frontend has gone."""
+    prefix = memoryview(bytearray(LENGTH.size))
+    if not _recv_exact(sock, prefix):
+        return None
+    (total,) = LENGTH.unpack(prefix)
+    body = memoryview(bytearray(total))
+    if not _recv_exact(sock, body):
+        return None
+    kind, header, _ = unpack(body)
+    if kind != SPEC:
+        raise ValueError(f"a worker's first message must be its spec, not {kind!r}")
+    return msgspec.msgpack.decode(header, type=WorkerSpec)
 
 
 class MessageReader:

@@ -103,8 +103,9 @@ class WorkerProcess:
         """A restarted worker is ready for work."""
 
     # -- lifecycle -------------------------------------------------------------------------
-    def _prepare(self) -> tuple[socket.socket, socket.socket, dict[str, str]]:
-        """A new incarnation's arenas, its socketpair (ours, the worker's) and its environment."""
+    def _prepare(self) -> tuple[socket.socket, socket.socket, dict[str, str], transport.WorkerSpec]:
+        """A new incarnation's arenas, its socketpair (ours, the worker's), its environment and its
+        spec (sent as the first message on its socket)."""
         pool = self.pool
         uid = next(_uids)
         arena_bytes = pool.arena_bytes
@@ -121,19 +122,19 @@ class WorkerProcess:
             out_arenas=[a.name for a in self.outputs.all], arena_bytes=arena_bytes, log_verbose=pool.log_verbose,
             heap_retain_bytes=pool.heap_retain_bytes)
         env = dict(os.environ)
-        env[transport.SPEC_ENV] = transport.encode_spec(spec)
+        env[transport.SOCKET_ENV] = f"{theirs.fileno()} {os.getpid()}"
         if self.spec.kind == "GPU":
             env["CUDA_VISIBLE_DEVICES"] = str(self.spec.device_id)
         elif self.spec.kind == "CPU":
             env["CUDA_VISIBLE_DEVICES"] = ""
         elif pool.gpus is not None:  # KIND_MODEL: every GPU the server may use
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in pool.gpus)
-        return ours, theirs, env
+        return ours, theirs, env, spec
 
     async def start(self) -> None:
         """Start a worker and wait for READY. Raises LoadError with the worker's reason."""
         pool = self.pool
-        ours, theirs, env = self._prepare()
+        ours, theirs, env, spec = self._prepare()
         loop = asyncio.get_running_loop()
         self.ready = loop.create_future()
         try:
@@ -146,6 +147,7 @@ class WorkerProcess:
             theirs.close()
         _, self.channel = await loop.connect_accepted_socket(
             lambda: Channel(self.on_message, self._on_channel_lost), ours)
+        self.channel.send(transport.SPEC, transport.encode(spec))
         self._watch = loop.create_task(self._watch_exit(self.proc))
         try:
             ready = await asyncio.wait_for(asyncio.shield(self.ready), pool.load_timeout or None)

@@ -2,7 +2,7 @@
 frontend sends until told to stop.
 
 Started by the frontend with a clean exec (`python -m tritonmp.workers.main`), or forked from a
-worker template (template.py), with its spec in the environment. It speaks only the transport
+worker template (template.py); either way, the first message on its socket is its spec. It speaks only the transport
 protocol: no HTTP, JSON or protobuf parsing.
 """
 
@@ -372,10 +372,16 @@ def _settle_collector() -> None:
     gc.freeze()
 
 
-def run_worker(spec: transport.WorkerSpec, parent_pid: int) -> int:
-    """Be the worker `spec` describes until told to stop; die with `parent_pid` (the frontend that
-    exec'd us, or the template that forked us)."""
+def run_worker(fd: int, parent_pid: int) -> int:
+    """Be the worker that the spec on socket `fd` describes until told to stop; die with
+    `parent_pid` (the frontend that exec'd us, or the template that forked us)."""
     die_with_parent(parent_pid)
+    sock = socket.socket(fileno=fd)
+    spec = transport.read_spec(sock)
+    if spec is None:
+        return 0  # the frontend has gone before saying what to be
+    sock.detach()  # the Worker's own socket object takes the descriptor
+    spec.fd = fd
     set_process_name(spec.instance_name)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend decides when we stop
     worker = Worker(spec)
@@ -388,8 +394,8 @@ def run_worker(spec: transport.WorkerSpec, parent_pid: int) -> int:
 
 
 def main() -> int:
-    spec = transport.decode_spec(os.environ[transport.SPEC_ENV])
-    return run_worker(spec, spec.parent_pid)
+    fd, parent_pid = os.environ.pop(transport.SOCKET_ENV).split()
+    return run_worker(int(fd), int(parent_pid))
 
 
 if __name__ == "__main__":

@@ -154,9 +154,8 @@ class Template:
         os.environ.update(env)
         if "numpy.random" in sys.modules:  # a forked worker would otherwise draw what its siblings draw
             sys.modules["numpy.random"].seed()
-        spec = transport.decode_spec(env[transport.SPEC_ENV])
-        spec.fd = fd
-        return run_worker(spec, template)
+        os.environ.pop(transport.SOCKET_ENV, None)  # the frontend's numbering, not ours
+        return run_worker(fd, template)
 
 
 def main() -> int:
