@@ -17,7 +17,7 @@ import msgspec
 
 from . import buffers
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 
 # message types
 READY = b"R"  # worker -> frontend: loaded, with backend metadata
