@@ -232,3 +232,28 @@ def test_each_deployments_command_serves_and_answers_its_probes(where, start_ser
     for path in ("/v2/health/live", "/v2/health/ready"):
         assert http_request(server.http_port, "GET", path)[0] == 200, shlex.join(args)
     assert http_request(server.metrics_port, "GET", "/metrics")[0] == 200
+
+
+def test_autoscaling_manifests():
+    """deploy/kubernetes/autoscaling: the HPA scales the Deployment on the metric the adapter's rule
+    publishes, and KEDA's ScaledObject scales the same Deployment from a Prometheus query (the
+    queries run on a real Prometheus in test_grafana_prometheus.py)."""
+    autoscaling = DEPLOY / "kubernetes" / "autoscaling"
+    deployment = {d["kind"]: d for d in _manifests(DEPLOY / "kubernetes" / "tritonmp.yaml")}["Deployment"]
+    (adapter,) = _manifests(autoscaling / "prometheus-adapter-rules.yaml")
+    _round_trip(adapter, "V1ConfigMap")
+    (rule,) = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+    assert "<<.LabelMatchers>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
+    (hpa,) = _manifests(autoscaling / "hpa.yaml")
+    _round_trip(hpa, "V2HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": deployment["metadata"]["name"]}
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods" and metric["pods"]["metric"]["name"] == rule["name"]["as"]
+    (scaled,) = _manifests(autoscaling / "keda-scaledobject.yaml")
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1" and scaled["kind"] == "ScaledObject"
+    assert scaled["spec"]["scaleTargetRef"] == {"name": deployment["metadata"]["name"]}
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and float(trigger["metadata"]["threshold"]) > 0
+    assert set(trigger["metadata"]) == {"serverAddress", "query", "threshold"}

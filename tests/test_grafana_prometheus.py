@@ -76,7 +76,9 @@ def _prometheus(server, tmp_path):
     config["global"].update(scrape_interval="1s", evaluation_interval="1s")
     config["rule_files"] = [str(ALERTS)]
     (job,) = config["scrape_configs"]
-    job["static_configs"] = [{"targets": [f"127.0.0.1:{server.metrics_port}"]}]
+    # the labels Kubernetes pod discovery gives, which the autoscaling manifests' queries select on
+    job["static_configs"] = [{"targets": [f"127.0.0.1:{server.metrics_port}"],
+                              "labels": {"namespace": "default", "pod": "tritonmp-0"}}]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     (port,) = free_ports(1)
     log = open(tmp_path / "prometheus.log", "wb")
@@ -129,6 +131,26 @@ def test_every_dashboard_expression_returns_series(prometheus):
     requests_per_s = _concrete(expressions[0][1]).replace('model=~".*"', 'model="add_py"')
     (rate,) = _query(port, requests_per_s)
     assert float(rate["value"][1]) > 0
+
+
+def test_the_autoscaling_queries_return_each_replicas_pending_requests(prometheus):
+    """deploy/kubernetes/autoscaling: prometheus-adapter's rule (its series query, and its metrics
+    query as the adapter fills it in for the pods of a namespace) and KEDA's trigger query, run as
+    written on the Prometheus that scrapes the loaded server."""
+    _, port = prometheus
+    autoscaling = ROOT / "deploy" / "kubernetes" / "autoscaling"
+    adapter = yaml.safe_load((autoscaling / "prometheus-adapter-rules.yaml").read_text())
+    (rule,) = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    (series,) = _get(port, "/api/v1/series", **{"match[]": rule["seriesQuery"]})["data"][:1]
+    assert series["namespace"] == "default" and series["pod"] == "tritonmp-0"
+    metrics_query = (rule["metricsQuery"].replace("<<.LabelMatchers>>", 'namespace="default",pod=~"tritonmp-0"')
+                     .replace("<<.GroupBy>>", "pod"))
+    (per_pod,) = _query(port, metrics_query)
+    assert per_pod["metric"] == {"pod": "tritonmp-0"} and float(per_pod["value"][1]) >= 0
+    (scaled,) = yaml.safe_load_all((autoscaling / "keda-scaledobject.yaml").read_text())
+    (trigger,) = scaled["spec"]["triggers"]
+    (total,) = _query(port, trigger["metadata"]["query"])
+    assert float(total["value"][1]) >= 0
 
 
 def test_alert_rules_check_load_evaluate_and_fire(prometheus):
