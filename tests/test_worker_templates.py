@@ -83,3 +83,12 @@ def test_a_config_larger_than_an_environment_variable_holds(start_server, exampl
     server = start_server([tmp_path / "repo"], "--worker-start", start)
     assert len({_workers(server, f"big_config_0_{i}")[-1] for i in range(2)}) == 2
     assert _infer(server, "big_config") == [5, 7, 9]
+
+
+def test_where_a_template_cannot_start_its_workers_are_started_by_exec(start_server, example_repo, monkeypatch):
+    monkeypatch.setenv("TRITONMP_TEMPLATE_FAILS", "python")  # the testing hook: that template exits at once
+    server = start_server([example_repo])
+    assert "worker add_py_0_0 of model 'add_py' is started by exec instead" in server.log()
+    assert _parent(_workers(server, "add_py_0_0")[-1]) == server.pid
+    assert _parent(_workers(server, "add_0")[-1]) == _templates(server)["onnxruntime"][-1]
+    assert _infer(server, "add_py") == [5, 7, 9] and _infer(server, "add") == [5, 7, 9]

@@ -9,6 +9,9 @@ sets for the server it starts, read here and nowhere else. Nothing a deployment 
   its qa tests of the sequence batcher (qa/L0_sequence_batcher), which they set for the server they
   start: the sequence batcher forms no batch until N requests wait in its slots (and M in its
   backlog), so that a test knows which requests run together; from then on it batches as usual.
+- TRITONMP_TEMPLATE_FAILS="python,...": the worker templates of these backends exit before they
+  are ready (as one whose framework crashed it at import), so that a test sees their workers
+  started by exec instead.
 - TRITONMP_CHECK_FAST_PATHS=1 (the test suite sets it for every server it starts): whatever a fast
   path takes (the typed HTTP decode, the one-pass gRPC decode, the one-pass request check) is
   taken by the one place that states the rules as well, and any difference is an internal error
@@ -38,6 +41,11 @@ def fake_gpus() -> list[int] | None:
 def worker_idle_trim_s(default: float) -> float:
     """Seconds a worker waits idle before it trims its heap."""
     return float(os.environ.get(IDLE_TRIM_ENV, default))
+
+
+def template_fails(backend: str) -> bool:
+    """Whether the worker template of `backend` is to fail before it is ready."""
+    return backend in os.environ.get("TRITONMP_TEMPLATE_FAILS", "").split(",")
 
 
 CHECK_FAST_PATHS = os.environ.get("TRITONMP_CHECK_FAST_PATHS") == "1"

@@ -32,6 +32,7 @@ import traceback
 
 import msgspec
 
+from tritonmp import testing
 from tritonmp.ipc import template_protocol as wire
 from tritonmp.ipc import transport
 
@@ -164,6 +165,8 @@ def main() -> int:
     set_process_name(f"template:{backend}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend decides when we stop
     control = socket.socket(fileno=int(control_fd))
+    if testing.template_fails(backend):
+        return 70
     ready = _preload(backend)
     gc.collect()
     gc.freeze()  # what the workers share stays out of the collector's passes, which would write to it
