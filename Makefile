@@ -1,5 +1,5 @@
 # make serve: set up .venv, build the example repository, start the server on it.
-# make test:  the same set-up, the CPU frameworks' extras (OpenVINO, TensorFlow, PyTorch), the type
+# make test:  the same set-up, the CPU frameworks' extras (OpenVINO, TensorFlow, PyTorch) and Ray Serve, the type
 #             checker (make typecheck), then the whole test suite.
 PYTHON ?= python3
 VENV := .venv
@@ -19,10 +19,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/activate
 
 install: $(VENV)/.installed
 
-# The optional frameworks that run on a CPU, installed into the venv once, so that the tests of
-# their backends run (without them those tests skip). `make serve` does not need them.
+# The optional frameworks that run on a CPU, and Ray Serve, installed into the venv once, so that the
+# tests of their backends and of tritonmp.ray_serve run (without them those tests skip). `make serve`
+# does not need them.
 $(VENV)/.frameworks: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,openvino,tensorflow,torch]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,openvino,tensorflow,torch,ray]'
 	touch $@
 
 frameworks: $(VENV)/.frameworks

@@ -101,6 +101,16 @@ class Residency:
             else:
                 del self._waiting[name]
 
+    async def release(self, name: str, why: str) -> bool:
+        """Unload a resident model now, as a router that places models asks (Ray Serve's model
+        multiplexing, when it drops the model from this replica); one in use or loading stays, for
+        the budget to unload when it is not. Whether it was unloaded."""
+        if name not in self.lru or name in self._loading or self._in_use(name):
+            return False
+        log.info("unloading '%s': %s", name, why)
+        await self.manager.unload(name, f"unloaded: {why} (--load-on-demand loads it again on its next request)")
+        return True
+
     async def _load(self, name: str) -> None:
         await self._make_room(name)
         started = time.monotonic()

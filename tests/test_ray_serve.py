@@ -1,0 +1,311 @@
+"""tritonmp on a real Ray cluster (tritonmp.ray_serve): two Ray nodes on this machine, a deployment
+of two tritonmp replicas (one on each node) behind Serve's HTTP proxy, tritonclient through the
+proxy, models placed by Serve's model multiplexing, and a replica killed while requests run; then
+Triton's own Ray Serve tutorial (its identity route) on the in-process API, through a replica kill.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, add_inputs, http_request, wait_for, write_model
+
+ray = pytest.importorskip("ray", reason="Ray Serve is not installed (pip install 'tritonmp[ray]')")
+serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'tritonmp[ray]')")
+
+from ray_cluster import RayCluster, alive, descendants  # noqa: E402
+
+httpclient = pytest.importorskip("tritonclient.http")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+REPLICAS = 2
+IDENTITY_PY = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(t.name().replace("input", "output"), t.as_numpy())
+                                            for t in r.inputs()]) for r in requests]
+'''
+DOUBLE_PY = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", r.inputs()[0].as_numpy() * 2)]) for r in requests]
+'''
+SLOW_PY = '''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.2)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", r.inputs()[0].as_numpy())]) for r in requests]
+'''
+DOUBLE_CONFIG = ('backend: "python"\nmax_batch_size: 0\n'
+                 'input [ { name: "X", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+                 'output [ { name: "Y", data_type: TYPE_FP32, dims: [ -1 ] } ]\n')
+IDENTITY_CONFIG = ('backend: "python"\nmax_batch_size: 0\n'
+                   'input [ { name: "string_input", data_type: TYPE_STRING, dims: [ -1, -1 ], optional: true } ]\n'
+                   'output [ { name: "string_output", data_type: TYPE_STRING, dims: [ -1, -1 ] } ]\n')
+
+
+@pytest.fixture(scope="module")
+def repos(example_repo, tmp_path_factory) -> tuple[Path, Path]:
+    """The served repository (the example's add and add_py, two more python adds to place, and a
+    model of any size of tensor), and
+    the tutorial's (its identity model)."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("ray")
+    served = root / "served"
+    shutil.copytree(example_repo, served)
+    for name in ("add_py_2", "add_py_3"):
+        shutil.copytree(served / "add_py", served / name)
+        config = served / name / "config.pbtxt"
+        config.write_text(config.read_text().replace('name: "add_py"', f'name: "{name}"'))
+    write_model(served, "double", DOUBLE_PY, DOUBLE_CONFIG)
+    write_model(served, "slow", SLOW_PY, DOUBLE_CONFIG)
+    tutorial = root / "identity-models"
+    write_model(tutorial, "identity", IDENTITY_PY, IDENTITY_CONFIG)
+    return served, tutorial
+
+
+@pytest.fixture(scope="module")
+def cluster(repos):
+    from tritonmp.ray_serve import deployment
+
+    served, tutorial = repos
+    # what each replica's process finds: the tutorial's module and its repository, as a user's
+    # nodes would have them
+    cluster = RayCluster({"PYTHONPATH": str(ROOT / "tests" / "ray_apps"),
+                          "TUTORIAL_MODEL_REPOSITORY": str(tutorial)})
+    try:
+        cluster.start()
+        serve.run(deployment(str(served), max_models_per_replica=1, num_replicas=REPLICAS,
+                             ray_actor_options={"num_cpus": 0, "resources": {"tritonmp_slot": 1}}),
+                  name="tritonmp", route_prefix="/")
+        sys.path.insert(0, str(ROOT / "tests" / "ray_apps"))
+        import tutorial_deployment
+
+        serve.run(tutorial_deployment.deployment({}), name="tutorial", route_prefix="/tutorial")
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def replicas(app: str = "tritonmp", deployment: str = "tritonmp", want: int = REPLICAS) -> list[dict]:
+    """Each running replica's replica_state(), asked through a DeploymentHandle until every one has
+    answered (the handle picks replicas at random)."""
+    handle = serve.get_deployment_handle(deployment, app_name=app)
+    seen: dict[str, dict] = {}
+    deadline = time.monotonic() + 60
+    while len(seen) < want and time.monotonic() < deadline:
+        state = handle.replica_state.remote().result(timeout_s=30)
+        seen[state["replica_id"]] = state
+    assert len(seen) == want, f"only {len(seen)} of {want} replicas answered: {seen}"
+    return list(seen.values())
+
+
+def running(app: str, deployment: str, count: int) -> bool:
+    status = serve.status().applications[app]
+    d = status.deployments[deployment]
+    return status.status == "RUNNING" and d.replica_states.get("RUNNING", 0) == count and \
+        sum(d.replica_states.values()) == count
+
+
+def client(cluster: RayCluster) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(f"127.0.0.1:{cluster.http_port}", network_timeout=60,
+                                            connection_timeout=60)
+
+
+def infer_add(c, model: str, value: float, headers: dict | None = None) -> np.ndarray:
+    a = np.full((1, 3), value, np.float32)
+    result = c.infer(model, add_inputs(httpclient, a), headers=headers)
+    return result.as_numpy("C")
+
+
+def test_tritonclient_through_serves_proxy(cluster):
+    replica_states = replicas()
+    assert len({r["node_id"] for r in replica_states}) == REPLICAS, "a replica on each node"
+    c = client(cluster)
+    try:
+        assert c.is_server_live() and c.is_server_ready()
+        assert c.get_server_metadata()["extensions"]
+        metadata = c.get_model_metadata("add")  # loads it on demand on the replica that answers
+        assert [i["name"] for i in metadata["inputs"]] == ["A", "B"]
+        for model in ("add", "add_py"):
+            assert np.array_equal(infer_add(c, model, 1.5), np.full((1, 3), 3.0, np.float32))
+        with pytest.raises(InferenceServerException, match="unknown model|not found"):
+            infer_add(c, "no_such_model", 1.0)
+        with pytest.raises(InferenceServerException, match="B"):  # a request the model refuses: Triton's error
+            c.infer("add", add_inputs(httpclient, np.ones((1, 3), np.float32))[:1])
+        # a response streamed as it comes (server-sent events of the generate extension)
+        status, headers, body = http_request(cluster.http_port, "POST", "/v2/models/add_py/generate_stream",
+                                             json.dumps({"A": [1, 2, 3], "B": [1, 1, 1]}).encode())
+        assert status == 200 and headers["content-type"].startswith("text/event-stream"), (status, headers, body)
+        (event,) = [json.loads(line[len(b"data: "):]) for line in body.splitlines() if line.startswith(b"data: ")]
+        assert event["C"] == [2.0, 3.0, 4.0]
+        # a large tensor (16 MiB each way) through the proxy and the relay
+        big = np.arange(4 << 20, dtype=np.float32)
+        x = httpclient.InferInput("X", list(big.shape), "FP32")
+        x.set_data_from_numpy(big, binary_data=True)
+        assert np.array_equal(c.infer("double", [x]).as_numpy("Y"), big * 2)
+    finally:
+        c.close()
+
+
+def stats_count(c, model: str) -> int:
+    stats = c.get_inference_statistics(model, headers={"serve_multiplexed_model_id": model})
+    return sum(int(s["inference_stats"]["success"]["count"]) for s in stats["model_stats"])
+
+
+def test_models_are_placed_by_serves_multiplexing(cluster):
+    c = client(cluster)
+    try:
+        for model in ("add_py_2", "add_py_3"):
+            for i in range(20):
+                header = {"serve_multiplexed_model_id": model}
+                assert infer_add(c, model, float(i), header)[0, 0] == 2.0 * i
+            # the replica that holds the model answered (nearly) all of them; without placement each
+            # of the two would have answered about half
+            assert stats_count(c, model) >= 17
+    finally:
+        c.close()
+
+    # each replica holds at most one placed model, and its tritonmp has unloaded those Serve dropped
+    def agreed() -> bool:
+        states = replicas()
+        return all(len(r["held"]) <= 1 and set(r["resident"]) == set(r["held"]) for r in states) and \
+            sorted(m for r in states for m in r["held"]) == ["add_py_2", "add_py_3"]
+
+    wait_for(agreed, 30, f"each replica to hold one placed model, as its tritonmp does: {replicas()}")
+
+
+def test_a_replica_killed_while_requests_run(cluster):
+    c = client(cluster)
+    try:
+        infer_add(c, "add_py", 1.0)  # loads the model on a replica (Serve prefers the proxy's node)
+    finally:
+        c.close()
+    victim = next(r for r in replicas() if "add_py" in r["resident"])
+    processes = descendants(victim["pid"])
+    assert processes, "the replica's tritonmp workers are its child processes"
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def load(seed: int) -> None:
+        c = client(cluster)
+        try:
+            for i in range(400):
+                if stop.is_set():
+                    return
+                value = float(seed * 1000 + i)
+                try:
+                    out = infer_add(c, "add_py", value)
+                    outcomes.append("ok" if out[0, 0] == 2 * value else f"wrong answer {out}")
+                except InferenceServerException as e:  # a clear error: said, not hung
+                    outcomes.append(f"error {e.status()}: {e}")
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=load, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: outcomes.count("ok") >= 20, 60, "requests to run before the kill")
+        os.kill(victim["pid"], signal.SIGKILL)
+        # its workers go with it, and it leaves nothing in /dev/shm
+        wait_for(lambda: not any(alive(p) for p in processes), 30, f"the killed replica's workers {processes} to exit")
+        wait_for(lambda: not glob.glob(f"/dev/shm/tritonmp-{victim['pid']}-*"), 10, "its shared memory to go")
+        # Serve replaces it
+        wait_for(lambda: running("tritonmp", "tritonmp", REPLICAS) and
+                 victim["replica_id"] not in {r["replica_id"] for r in replicas()}, 120, "a new replica")
+        answered = len(outcomes)
+        wait_for(lambda: outcomes[answered:].count("ok") >= 20, 60, "requests answered after the replacement")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    assert not any(t.is_alive() for t in threads), "a request was left without an answer"
+    wrong = [o for o in outcomes if o.startswith("wrong")]
+    assert not wrong, wrong
+    failed = [o for o in outcomes if o != "ok"]
+    assert len(failed) < len(outcomes) // 2, failed
+    for error in failed:  # each failed request failed with an HTTP status and the proxy's words
+        assert error.startswith("error 5"), failed
+
+
+def test_replicas_scale_on_ongoing_requests(cluster, repos):
+    from tritonmp.ray_serve import deployment
+
+    served, _ = repos
+    scaling = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1, "upscale_delay_s": 0,
+               "downscale_delay_s": 600, "look_back_period_s": 1}
+    serve.run(deployment(str(served), name="scaling", autoscaling_config=scaling,
+                         ray_actor_options={"num_cpus": 0.25}), name="scaling", route_prefix="/scaling")
+    try:
+        assert running("scaling", "scaling", 1)
+        stop = threading.Event()
+        answers: list[np.ndarray] = []
+
+        def load() -> None:  # under the route prefix: tritonclient's URL carries it
+            c = httpclient.InferenceServerClient(f"127.0.0.1:{cluster.http_port}/scaling", network_timeout=60)
+            x = httpclient.InferInput("X", [1], "FP32")
+            x.set_data_from_numpy(np.ones(1, np.float32))
+            try:
+                while not stop.is_set():
+                    answers.append(c.infer("slow", [x]).as_numpy("Y"))
+            finally:
+                c.close()
+
+        threads = [threading.Thread(target=load) for _ in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            # four requests at a time against a target of one a replica: Serve adds the second
+            wait_for(lambda: running("scaling", "scaling", 2), 90, "Serve to scale the deployment to 2 replicas")
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(60)
+        assert answers and all(a.tolist() == [1.0] for a in answers)
+    finally:
+        serve.delete("scaling")
+
+
+def tutorial_identity(cluster: RayCluster, text: str) -> str:
+    query = urllib.parse.urlencode({"string_input": text})
+    with urllib.request.urlopen(f"http://127.0.0.1:{cluster.http_port}/tutorial/identity?{query}",
+                                timeout=60) as response:
+        return json.loads(response.read())
+
+
+def test_triton_tutorial_identity_route_through_a_replica_kill(cluster):
+    assert tutorial_identity(cluster, "hello_world!") == "hello_world!"
+    (victim,) = [r for r in ray.util.list_named_actors(all_namespaces=True)
+                 if "tutorial" in r["name"] and "TritonDeployment" in r["name"]] or [None]
+    assert victim is not None
+    actor = ray.get_actor(victim["name"], namespace=victim["namespace"])
+    ray.kill(actor, no_restart=True)
+    wait_for(lambda: running("tutorial", "TritonDeployment", 1) and not any(
+        r["name"] == victim["name"] for r in ray.util.list_named_actors(all_namespaces=True)), 120,
+        "the tutorial's replica to be replaced")
+    assert tutorial_identity(cluster, "again, after the kill") == "again, after the kill"
