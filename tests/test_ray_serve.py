@@ -31,6 +31,8 @@ httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 REPLICAS = 2
+# the tutorial's autoscaling_config sets metrics_interval_s, which Serve now reads from its environment
+pytestmark = pytest.mark.filterwarnings("ignore:The `metrics_interval_s` field:DeprecationWarning")
 IDENTITY_PY = '''
 import triton_python_backend_utils as pb_utils
 
@@ -96,16 +98,21 @@ def cluster(repos):
     # what each replica's process finds: the tutorial's module and its repository, as a user's
     # nodes would have them
     cluster = RayCluster({"PYTHONPATH": str(ROOT / "tests" / "ray_apps"),
-                          "TUTORIAL_MODEL_REPOSITORY": str(tutorial)})
+                          "TUTORIAL_MODEL_REPOSITORY": str(tutorial),
+                          # ongoing requests reported every half second, not every 10 (the scaling test)
+                          "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
+                          "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5"})
     try:
         cluster.start()
-        serve.run(deployment(str(served), max_models_per_replica=1, num_replicas=REPLICAS,
-                             ray_actor_options={"num_cpus": 0, "resources": {"tritonmp_slot": 1}}),
-                  name="tritonmp", route_prefix="/")
         sys.path.insert(0, str(ROOT / "tests" / "ray_apps"))
         import tutorial_deployment
 
-        serve.run(tutorial_deployment.deployment({}), name="tutorial", route_prefix="/tutorial")
+        # both applications start side by side
+        serve.run_many([
+            serve.RunTarget(deployment(str(served), max_models_per_replica=1, num_replicas=REPLICAS,
+                                       ray_actor_options={"num_cpus": 0, "resources": {"tritonmp_slot": 1}}),
+                            name="tritonmp", route_prefix="/"),
+            serve.RunTarget(tutorial_deployment.deployment({}), name="tutorial", route_prefix="/tutorial")])
         yield cluster
     finally:
         cluster.stop()
@@ -157,6 +164,11 @@ def test_tritonclient_through_serves_proxy(cluster):
             infer_add(c, "no_such_model", 1.0)
         with pytest.raises(InferenceServerException, match="B"):  # a request the model refuses: Triton's error
             c.infer("add", add_inputs(httpclient, np.ones((1, 3), np.float32))[:1])
+        # what one replica of many cannot do is refused, saying why
+        with pytest.raises(InferenceServerException, match="shared memory is not served through Ray Serve"):
+            c.register_system_shared_memory("region", "/tritonmp-region", 64)
+        with pytest.raises(InferenceServerException, match="model control is not served through Ray Serve"):
+            c.load_model("add")
         # a response streamed as it comes (server-sent events of the generate extension)
         status, headers, body = http_request(cluster.http_port, "POST", "/v2/models/add_py/generate_stream",
                                              json.dumps({"A": [1, 2, 3], "B": [1, 1, 1]}).encode())
@@ -172,31 +184,36 @@ def test_tritonclient_through_serves_proxy(cluster):
         c.close()
 
 
-def stats_count(c, model: str) -> int:
-    stats = c.get_inference_statistics(model, headers={"serve_multiplexed_model_id": model})
-    return sum(int(s["inference_stats"]["success"]["count"]) for s in stats["model_stats"])
-
-
 def test_models_are_placed_by_serves_multiplexing(cluster):
+    """Two models, one placed on each replica (each holds one at most): every request for a model,
+    sent with Serve's header, is answered by the replica that holds it, and each replica's tritonmp
+    has exactly the model Serve placed there resident (the others Serve dropped are unloaded)."""
+    models = ("add_py_2", "add_py_3")
     c = client(cluster)
     try:
-        for model in ("add_py_2", "add_py_3"):
-            for i in range(20):
-                header = {"serve_multiplexed_model_id": model}
-                assert infer_add(c, model, float(i), header)[0, 0] == 2.0 * i
-            # the replica that holds the model answered (nearly) all of them; without placement each
-            # of the two would have answered about half
-            assert stats_count(c, model) >= 17
+        def send(model: str, value: float) -> None:
+            assert infer_add(c, model, value, {"serve_multiplexed_model_id": model})[0, 0] == 2.0 * value
+
+        def placed() -> bool:  # Serve's routing learns where a model is a moment after it loads
+            for model in models:
+                send(model, 1.0)
+            states = replicas()
+            return sorted(m for r in states for m in r["held"]) == sorted(models) and \
+                all(len(r["held"]) == 1 and r["resident"] == r["held"] for r in states)
+
+        wait_for(placed, 60, f"one model on each replica, loaded there: {replicas()}")
+        before = {r["replica_id"]: r for r in replicas()}
+        for i in range(20):
+            for model in models:
+                send(model, float(i))
+        for r in replicas():
+            (mine,) = r["held"]
+            for model in models:  # the placement did not change, and only the holder answered
+                answered = r["answered"].get(model, 0) - before[r["replica_id"]]["answered"].get(model, 0)
+                assert answered == (20 if model == mine else 0), (r, before)
+            assert r["held"] == before[r["replica_id"]]["held"]
     finally:
         c.close()
-
-    # each replica holds at most one placed model, and its tritonmp has unloaded those Serve dropped
-    def agreed() -> bool:
-        states = replicas()
-        return all(len(r["held"]) <= 1 and set(r["resident"]) == set(r["held"]) for r in states) and \
-            sorted(m for r in states for m in r["held"]) == ["add_py_2", "add_py_3"]
-
-    wait_for(agreed, 30, f"each replica to hold one placed model, as its tritonmp does: {replicas()}")
 
 
 def test_a_replica_killed_while_requests_run(cluster):
@@ -211,11 +228,12 @@ def test_a_replica_killed_while_requests_run(cluster):
     outcomes: list[str] = []
     stop = threading.Event()
 
-    def load(seed: int) -> None:
+    def load(seed: int) -> None:  # until told to stop (at most two minutes, 20000 requests)
         c = client(cluster)
+        deadline = time.monotonic() + 120
         try:
-            for i in range(400):
-                if stop.is_set():
+            for i in range(20000):
+                if stop.is_set() or time.monotonic() > deadline:
                     return
                 value = float(seed * 1000 + i)
                 try:
@@ -258,7 +276,7 @@ def test_replicas_scale_on_ongoing_requests(cluster, repos):
 
     served, _ = repos
     scaling = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1, "upscale_delay_s": 0,
-               "downscale_delay_s": 600, "look_back_period_s": 1}
+               "downscale_delay_s": 600, "look_back_period_s": 2, "metrics_interval_s": 0.5}
     serve.run(deployment(str(served), name="scaling", autoscaling_config=scaling,
                          ray_actor_options={"num_cpus": 0.25}), name="scaling", route_prefix="/scaling")
     try:

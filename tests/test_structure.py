@@ -22,7 +22,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("model lifecycle", ["lifecycle"]),
     ("server api", ["server_api"]),
     ("frontends", ["frontends"]),
-    ("assembly", ["runtime", "command", "triton_flags", "cli", "__main__", "tritonserver", "tritonfrontend"]),
+    ("assembly", ["runtime", "command", "triton_flags", "cli", "__main__", "tritonserver", "tritonfrontend",
+                  "ray_serve"]),
 ]
 
 # Modules over MAX_LINES, each with the reason it is one module.

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from typing import Any
+
+import orjson
 
 try:
     from ray import serve
@@ -34,6 +37,7 @@ except ImportError as e:  # pragma: no cover - the extra is not installed
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from .errors import Status
 from .frontends.asgi_relay import relay
 from .frontends.http_server import DEFAULT_MAX_INPUT_SIZE, HttpApp
 from .logs import get_logger
@@ -47,6 +51,16 @@ DEFAULT_MAX_ONGOING_REQUESTS = 64
 DEFAULT_AUTOSCALING = {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 16}
 # Serve's request header that places a request on a replica holding its model
 MODEL_ID_HEADER = "serve_multiplexed_model_id"
+# What one replica cannot do for a client of many: Serve's proxy sends each request to any replica,
+# on any node, so state a request leaves on one replica is not there for the next
+NOT_THROUGH_SERVE = (
+    (re.compile(r"/v2/(system|cuda)sharedmemory/.*"),
+     "shared memory is not served through Ray Serve: each request may reach another replica, on another "
+     "node, that cannot see the region; send tensors in the request, or use the tritonmp command"),
+    (re.compile(r"/v2/repository/models/[^/]+/(load|unload)"),
+     "model control is not served through Ray Serve: it would reach one replica of many; each replica "
+     "loads models on demand (and Serve's multiplexing places them with max_models_per_replica)"),
+)
 
 
 class TritonmpReplica:
@@ -83,6 +97,10 @@ class TritonmpReplica:
         root = scope.get("root_path", "")
         if root and path.startswith(root):  # the route prefix Serve deployed the application under
             path = path[len(root):] or "/"
+        for pattern, why in NOT_THROUGH_SERVE:
+            if pattern.fullmatch(path):
+                return Response(orjson.dumps({"error": why}), status_code=Status.UNSUPPORTED.http_status,
+                                media_type="application/json")
         relayed = await relay(self._app, {"type": "http", "method": scope["method"], "path": path,
                                           "query_string": scope.get("query_string", b""),
                                           "headers": scope["headers"]},
@@ -125,17 +143,23 @@ class TritonmpReplica:
             raise RuntimeError("the replica's tritonmp server is not running")
 
     async def replica_state(self) -> dict[str, Any]:
-        """This replica's process, node and models: those Serve's multiplexing holds here, and those
-        tritonmp has resident (a DeploymentHandle method, for operators and tests)."""
+        """This replica's process, node and models: those Serve's multiplexing holds here, those
+        tritonmp has resident, and the inferences each loaded model has answered here (a
+        DeploymentHandle method, for operators and tests)."""
         import ray
 
-        def resident() -> list[str]:
+        def models() -> tuple[list[str], dict[str, int]]:
             residency = self._engine.models.residency
-            return list(residency.lru) if residency is not None else []
+            answered: dict[str, int] = {}
+            for stats in self._engine.api.statistics("", "")["model_stats"]:
+                name = stats["name"]
+                answered[name] = answered.get(name, 0) + int(stats["inference_stats"]["success"]["count"])
+            return (list(residency.lru) if residency is not None else []), answered
 
+        resident, answered = await self._on_engine(models)
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "replica_id": serve.get_replica_context().replica_id.unique_id,
-                "held": sorted(self._held), "resident": sorted(await self._on_engine(resident))}
+                "held": sorted(self._held), "resident": sorted(resident), "answered": answered}
 
     async def _on_engine(self, fn):
         async def call():
