@@ -5,15 +5,19 @@ one-node Ray cluster on this machine, in the same run.
     python scripts/bench_ray_serve.py [--requests 2000] [--concurrency 8] [--large-mib 16]
                                       [--large-requests 20]
 
-Reports, for each: small requests (add_py, 3 floats) one at a time (p50 and p99 latency) and
-`--concurrency` at a time (requests a second), and a large tensor (`--large-mib` MiB each way
+Reports, for each: small requests (add_py, 3 floats, JSON over HTTP/1.1 keep-alive) one at a time
+(p50 and p99 latency) and `--concurrency` at a time (requests a second), and a large tensor (`--large-mib` MiB each way
 through a python model that doubles it) one at a time; then Serve's figure over the command's.
-Also the time the cluster took to start and the deployment to be ready. Needs `tritonmp[ray]`.
+Beside them, the small requests to a Serve deployment that answers at once without any model: what
+Serve's proxy costs by itself. Also the time the cluster took to start and the deployment to be
+ready. Needs `tritonmp[ray]`.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import os
 import shutil
 import signal
@@ -77,33 +81,36 @@ def wait_ready(url: str, timeout: float = 120) -> None:
     raise RuntimeError(f"{url} was not ready in {timeout}s")
 
 
-def add_inputs() -> list:
-    inputs = []
-    for name in ("A", "B"):
-        t = httpclient.InferInput(name, [1, 3], "FP32")
-        t.set_data_from_numpy(np.ones((1, 3), np.float32), binary_data=True)
-        inputs.append(t)
-    return inputs
+SMALL_BODY = json.dumps({"inputs": [{"name": n, "shape": [1, 3], "datatype": "FP32", "data": [1.0, 1.0, 1.0]}
+                                     for n in ("A", "B")]}).encode()
 
 
-def measure(url: str, args) -> dict[str, float]:
-    c = httpclient.InferenceServerClient(url, network_timeout=120, concurrency=1)
-    inputs = add_inputs()
-    for _ in range(50):  # loads the models, warms the paths
-        c.infer("add_py", inputs)
+def post_small(conn: http.client.HTTPConnection) -> None:
+    conn.request("POST", "/v2/models/add_py/infer", SMALL_BODY, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    body = response.read()
+    if response.status != 200:
+        raise RuntimeError(f"{response.status}: {body[:200]!r}")
+
+
+def measure_small(port: int, args) -> dict[str, float]:
+    """add_py over plain HTTP/1.1 keep-alive (so that an empty Serve deployment can answer the same)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    for _ in range(50):  # loads the model, warms the paths
+        post_small(conn)
     latencies = []
     for _ in range(args.requests):
         started = time.perf_counter()
-        c.infer("add_py", inputs)
+        post_small(conn)
         latencies.append(time.perf_counter() - started)
+    conn.close()
     latencies.sort()
     done = [0]
 
     def client() -> None:
-        own = httpclient.InferenceServerClient(url, network_timeout=120)
-        own_inputs = add_inputs()
+        own = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         for _ in range(args.requests // args.concurrency):
-            own.infer("add_py", own_inputs)
+            post_small(own)
             done[0] += 1
         own.close()
 
@@ -113,7 +120,13 @@ def measure(url: str, args) -> dict[str, float]:
         t.start()
     for t in threads:
         t.join()
-    throughput = done[0] / (time.perf_counter() - started)
+    return {"p50_ms": latencies[len(latencies) // 2] * 1e3, "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
+            "rps": done[0] / (time.perf_counter() - started)}
+
+
+def measure(port: int, args) -> dict[str, float]:
+    result = measure_small(port, args)
+    c = httpclient.InferenceServerClient(f"127.0.0.1:{port}", network_timeout=120)
     big = np.ones(args.large_mib << 18, np.float32)
     x = httpclient.InferInput("X", list(big.shape), "FP32")
     x.set_data_from_numpy(big, binary_data=True)
@@ -124,8 +137,7 @@ def measure(url: str, args) -> dict[str, float]:
         c.infer("double", [x])
         large.append(time.perf_counter() - started)
     c.close()
-    return {"p50_ms": latencies[len(latencies) // 2] * 1e3, "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
-            "rps": throughput, "large_ms": sorted(large)[len(large) // 2] * 1e3}
+    return {**result, "large_ms": sorted(large)[len(large) // 2] * 1e3}
 
 
 def direct(repo: Path, args) -> dict[str, float]:
@@ -135,10 +147,20 @@ def direct(repo: Path, args) -> dict[str, float]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_ready(f"127.0.0.1:{http}")
-        return measure(f"127.0.0.1:{http}", args)
+        return measure(http, args)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+
+
+class Answer:
+    """A Serve deployment that answers every request with a fixed body (made a deployment in on_serve)."""
+
+    async def __call__(self, request):
+        from starlette.responses import Response
+
+        await request.body()
+        return Response(b'{"outputs": []}', media_type="application/json")
 
 
 def on_serve(repo: Path, args) -> dict[str, float]:
@@ -146,6 +168,9 @@ def on_serve(repo: Path, args) -> dict[str, float]:
     from ray import serve
 
     from tritonmp.ray_serve import deployment
+
+    global Answer
+    Answer = serve.deployment(Answer, max_ongoing_requests=64)  # noqa: PLW0603
 
     temp = tempfile.mkdtemp(prefix="bray-")
     port, http, client_port = free_ports(3)
@@ -169,8 +194,13 @@ def on_serve(repo: Path, args) -> dict[str, float]:
         started = time.monotonic()
         serve.run(deployment(str(repo), num_replicas=1), name="bench", route_prefix="/")
         deploy_s = time.monotonic() - started
-        result = measure(f"127.0.0.1:{http}", args)
-        return {**result, "cluster_s": cluster_s, "deploy_s": deploy_s}
+        result = measure(http, args)
+        # Serve's own cost: a deployment that answers at once, over the same requests
+        serve.delete("bench")
+        serve.run(Answer.bind(), name="answer", route_prefix="/")
+        empty = measure_small(http, args)
+        return {**result, "cluster_s": cluster_s, "deploy_s": deploy_s,
+                **{f"empty_{k}": v for k, v in empty.items()}}
     finally:
         try:
             serve.shutdown()
@@ -193,10 +223,12 @@ def main() -> None:
         base = direct(repo, args)
         served = on_serve(repo, args)
     print(f"Ray Serve: cluster started in {served['cluster_s']:.1f}s, deployment ready in {served['deploy_s']:.1f}s")
-    print(f"{'':24}{'tritonmp':>12}{'Ray Serve':>12}{'ratio':>8}")
+    print(f"{'':24}{'tritonmp':>12}{'Ray Serve':>12}{'ratio':>8}{'empty Serve':>13}")
     for key, label in (("p50_ms", "small p50 (ms)"), ("p99_ms", "small p99 (ms)"),
                        ("rps", f"small x{args.concurrency} (req/s)"), ("large_ms", f"{args.large_mib} MiB (ms)")):
-        print(f"{label:24}{base[key]:12.2f}{served[key]:12.2f}{served[key] / base[key]:8.2f}")
+        empty = served.get(f"empty_{key}")
+        print(f"{label:24}{base[key]:12.2f}{served[key]:12.2f}{served[key] / base[key]:8.2f}"
+              + (f"{empty:13.2f}" if empty is not None else ""))
 
 
 if __name__ == "__main__":
