@@ -91,8 +91,9 @@ class RayCluster:
 
         self._node("--head", f"--port={self.port}", f"--temp-dir={self.dir}", "--include-dashboard=false",
                    f"--ray-client-server-port={self.client_port}")
-        wait_for(self._accepting, 90, "the Ray head node")
+        # the second node starts beside the head and joins once the head's GCS answers
         self._node(f"--address=127.0.0.1:{self.port}")
+        wait_for(self._accepting, 90, "the Ray head node")
         ray.init(address=f"127.0.0.1:{self.port}", log_to_driver=False, logging_level="WARNING")
         self.connected = True
 

@@ -51,7 +51,7 @@ def _ready(port: int) -> bool:
 
 @pytest.fixture(scope="module")
 def prometheus(example_repo, test_repo, tmp_path_factory):
-    """A tritonmp under steady load, and a Prometheus scraping it every second with the shipped
+    """A tritonmp under steady load, and a Prometheus scraping it twice a second with the shipped
     scrape settings and rules (one of each for the module: the alert test's crash comes last)."""
     with serving([example_repo, test_repo], ["--exit-on-error=false"], tmp_path_factory) as server:
         yield from _prometheus(server, tmp_path_factory.mktemp("prometheus"))
@@ -73,7 +73,7 @@ def _prometheus(server, tmp_path):
     loader = threading.Thread(target=load, daemon=True)
     loader.start()
     config = yaml.safe_load(SCRAPE_CONFIG.read_text())
-    config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    config["global"].update(scrape_interval="500ms", evaluation_interval="500ms")
     config["rule_files"] = [str(ALERTS)]
     (job,) = config["scrape_configs"]
     # the labels Kubernetes pod discovery gives, which the autoscaling manifests' queries select on

@@ -71,9 +71,8 @@ IDENTITY_CONFIG = ('backend: "python"\nmax_batch_size: 0\n'
 
 @pytest.fixture(scope="module")
 def repos(example_repo, tmp_path_factory) -> tuple[Path, Path]:
-    """The served repository (the example's add and add_py, two more python adds to place, and a
-    model of any size of tensor), and
-    the tutorial's (its identity model)."""
+    """The served repository (the example's add and add_py, two more python adds to place, a model
+    of any size of tensor and a slow one), and the tutorial's (its identity model)."""
     import shutil
 
     root = tmp_path_factory.mktemp("ray")
@@ -110,6 +109,7 @@ def cluster(repos):
         # both applications start side by side
         serve.run_many([
             serve.RunTarget(deployment(str(served), max_models_per_replica=1, num_replicas=REPLICAS,
+                                       graceful_shutdown_wait_loop_s=0.2,
                                        ray_actor_options={"num_cpus": 0, "resources": {"tritonmp_slot": 1}}),
                             name="tritonmp", route_prefix="/"),
             serve.RunTarget(tutorial_deployment.deployment({}), name="tutorial", route_prefix="/tutorial")])
@@ -125,7 +125,10 @@ def replicas(app: str = "tritonmp", deployment: str = "tritonmp", want: int = RE
     seen: dict[str, dict] = {}
     deadline = time.monotonic() + 60
     while len(seen) < want and time.monotonic() < deadline:
-        state = handle.replica_state.remote().result(timeout_s=30)
+        try:
+            state = handle.replica_state.remote().result(timeout_s=30)
+        except ray.exceptions.RayError:  # a replica that has just died, before Serve knows
+            continue
         seen[state["replica_id"]] = state
     assert len(seen) == want, f"only {len(seen)} of {want} replicas answered: {seen}"
     return list(seen.values())
@@ -277,7 +280,7 @@ def test_replicas_scale_on_ongoing_requests(cluster, repos):
     served, _ = repos
     scaling = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1, "upscale_delay_s": 0,
                "downscale_delay_s": 600, "look_back_period_s": 2, "metrics_interval_s": 0.5}
-    serve.run(deployment(str(served), name="scaling", autoscaling_config=scaling,
+    serve.run(deployment(str(served), name="scaling", autoscaling_config=scaling, graceful_shutdown_wait_loop_s=0.2,
                          ray_actor_options={"num_cpus": 0.25}), name="scaling", route_prefix="/scaling")
     try:
         assert running("scaling", "scaling", 1)
@@ -306,7 +309,7 @@ def test_replicas_scale_on_ongoing_requests(cluster, repos):
                 t.join(60)
         assert answers and all(a.tolist() == [1.0] for a in answers)
     finally:
-        serve.delete("scaling")
+        serve.delete("scaling", _blocking=False)  # its replicas stop while the next test runs
 
 
 def tutorial_identity(cluster: RayCluster, text: str) -> str:
