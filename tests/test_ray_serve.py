@@ -106,10 +106,12 @@ def cluster(repos):
         sys.path.insert(0, str(ROOT / "tests" / "ray_apps"))
         import tutorial_deployment
 
-        # both applications start side by side
+        # both applications start side by side; tritonmp's replicas are health-checked every second,
+        # so that a replica whose death Serve was not told of is found in seconds, not 40
         serve.run_many([
             serve.RunTarget(deployment(str(served), max_models_per_replica=1, num_replicas=REPLICAS,
-                                       graceful_shutdown_wait_loop_s=0.2,
+                                       graceful_shutdown_wait_loop_s=0.2, health_check_period_s=1,
+                                       health_check_timeout_s=5,
                                        ray_actor_options={"num_cpus": 0, "resources": {"tritonmp_slot": 1}}),
                             name="tritonmp", route_prefix="/"),
             serve.RunTarget(tutorial_deployment.deployment({}), name="tutorial", route_prefix="/tutorial")])
@@ -275,15 +277,15 @@ def test_a_replica_killed_while_requests_run(cluster):
 
 
 def test_replicas_scale_on_ongoing_requests(cluster, repos):
-    from tritonmp.ray_serve import deployment
+    """The application `serve run tritonmp.ray_serve:app ...` builds, scaled by Serve on ongoing requests."""
+    from tritonmp.ray_serve import app
 
     served, _ = repos
-    scaling = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1, "upscale_delay_s": 0,
-               "downscale_delay_s": 600, "look_back_period_s": 2, "metrics_interval_s": 0.5}
-    serve.run(deployment(str(served), name="scaling", autoscaling_config=scaling, graceful_shutdown_wait_loop_s=0.2,
-                         ray_actor_options={"num_cpus": 0.25}), name="scaling", route_prefix="/scaling")
+    args = {"model_repository": str(served), "min_replicas": "1", "max_replicas": "2", "target_ongoing_requests": "1",
+            "upscale_delay_s": "0", "downscale_delay_s": "600", "look_back_period_s": "11", "num_cpus": "0.25"}
+    serve.run(app(args), name="scaling", route_prefix="/scaling")
     try:
-        assert running("scaling", "scaling", 1)
+        assert running("scaling", "tritonmp", 1)
         stop = threading.Event()
         answers: list[np.ndarray] = []
 
@@ -302,7 +304,7 @@ def test_replicas_scale_on_ongoing_requests(cluster, repos):
             t.start()
         try:
             # four requests at a time against a target of one a replica: Serve adds the second
-            wait_for(lambda: running("scaling", "scaling", 2), 90, "Serve to scale the deployment to 2 replicas")
+            wait_for(lambda: running("scaling", "tritonmp", 2), 90, "Serve to scale the deployment to 2 replicas")
         finally:
             stop.set()
             for t in threads:
@@ -310,6 +312,19 @@ def test_replicas_scale_on_ongoing_requests(cluster, repos):
         assert answers and all(a.tolist() == [1.0] for a in answers)
     finally:
         serve.delete("scaling", _blocking=False)  # its replicas stop while the next test runs
+
+
+def test_the_application_builder_checks_its_arguments():
+    from tritonmp.ray_serve import app
+
+    with pytest.raises(ValueError, match="model_repository=PATH"):
+        app({})
+    with pytest.raises(ValueError, match=r"unknown arguments \['replicas'\]"):
+        app({"model_repository": "/models", "replicas": "2"})
+    with pytest.raises(ValueError, match="max_models_per_replica='many' is not a number"):
+        app({"model_repository": "/models", "max_models_per_replica": "many"})
+    with pytest.raises(ValueError, match="num_replicas is a fixed count"):
+        app({"model_repository": "/models", "num_replicas": "2", "max_replicas": "4"})
 
 
 def tutorial_identity(cluster: RayCluster, text: str) -> str:

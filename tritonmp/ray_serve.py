@@ -208,14 +208,17 @@ def deployment(model_repository: str | list[str], *, max_models_per_replica: int
 
 _INT_ARGS = ("max_models_per_replica", "max_input_size", "num_replicas", "min_replicas", "max_replicas",
              "max_ongoing_requests")
-_FLOAT_ARGS = ("target_ongoing_requests", "num_cpus")
+_SCALING_ARGS = ("min_replicas", "max_replicas", "target_ongoing_requests", "upscale_delay_s", "downscale_delay_s",
+                 "look_back_period_s")
+_FLOAT_ARGS = ("target_ongoing_requests", "upscale_delay_s", "downscale_delay_s", "look_back_period_s", "num_cpus")
 
 
 def app(args: dict[str, str]) -> Application:
     """The application builder for `serve run tritonmp.ray_serve:app model_repository=... [key=value ...]`
     (or `import_path` and `args` in a Serve config file): model_repository (paths separated by
-    commas), max_models_per_replica, max_input_size, num_replicas (a fixed count) or min_replicas,
-    max_replicas and target_ongoing_requests (autoscaling), max_ongoing_requests, num_cpus."""
+    commas), max_models_per_replica, max_input_size, num_replicas (a fixed count) or Serve's
+    autoscaling settings (min_replicas, max_replicas, target_ongoing_requests, upscale_delay_s,
+    downscale_delay_s, look_back_period_s), max_ongoing_requests, num_cpus (of each replica)."""
     unknown = set(args) - {"model_repository", *_INT_ARGS, *_FLOAT_ARGS}
     if unknown:
         raise ValueError(f"unknown arguments {sorted(unknown)}; tritonmp.ray_serve:app takes model_repository, "
@@ -232,12 +235,11 @@ def app(args: dict[str, str]) -> Application:
     options: dict[str, Any] = {}
     if "num_replicas" in values:
         options["num_replicas"] = values.pop("num_replicas")
-    scaling = {key: values.pop(key) for key in ("min_replicas", "max_replicas", "target_ongoing_requests")
-               if key in values}
+    scaling = {key: values.pop(key) for key in _SCALING_ARGS if key in values}
     if scaling:
         if "num_replicas" in options:
-            raise ValueError("num_replicas is a fixed count: give it or min_replicas/max_replicas/"
-                             "target_ongoing_requests, not both")
+            raise ValueError(f"num_replicas is a fixed count: give it or autoscaling settings ({', '.join(scaling)}), "
+                             "not both")
         options["autoscaling_config"] = {**DEFAULT_AUTOSCALING, **scaling}
     if "max_ongoing_requests" in values:
         options["max_ongoing_requests"] = values.pop("max_ongoing_requests")
