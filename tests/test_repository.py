@@ -5,6 +5,7 @@ import base64
 import json
 import shutil
 import threading
+import time
 
 import numpy as np
 import orjson
@@ -186,6 +187,45 @@ def test_reload_under_traffic_loses_no_request(explicit):
             t.join()
     assert not failures, failures[:3]
     assert done[0] > 60
+
+
+SLOW_COMPLETION_PY = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        time.sleep(2)
+        return config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+                for r in requests]
+"""
+
+
+def test_a_slow_config_completion_does_not_stop_the_server(start_server, example_repo, tmp_path):
+    """A model whose auto_complete_config takes 2 s loads while the server answers every other request
+    at once: a config is completed off the event loop."""
+    write_model(tmp_path / "repo", "slow_config", SLOW_COMPLETION_PY, X_TO_Y_CONFIG)
+    server = start_server([example_repo, tmp_path / "repo"], "--model-control-mode=explicit", "--load-model", "add")
+    client = httpclient.InferenceServerClient(server.url)
+    loading = threading.Thread(target=lambda: httpclient.InferenceServerClient(server.url).load_model("slow_config"))
+    started = time.monotonic()
+    loading.start()
+    slowest = 0.0
+    while loading.is_alive() and time.monotonic() - started < 30:
+        asked = time.monotonic()
+        assert client.is_server_live()
+        assert _add(client, "add")[0, 0] == 4.0
+        slowest = max(slowest, time.monotonic() - asked)
+    loading.join(30)
+    assert time.monotonic() - started >= 2, "the load overlapped the requests"
+    assert client.is_model_ready("slow_config")
+    assert slowest < 0.5, f"a request waited {slowest:.2f}s for the load"
 
 
 def test_load_is_refused_outside_explicit_mode(server):

@@ -91,7 +91,9 @@ async def relay(app: AsgiApp, scope: dict, body: bytes, loop: asyncio.AbstractEv
                 parts.append(message.get("body", b""))
                 if not message.get("more_body", False):
                     break
-            return Relayed(start["status"], headers, parts[0] if len(parts) == 1 else b"".join(parts))
+            # bytes, not views: an output's view holds its worker's arena, and the caller may pickle it
+            body = parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
+            return Relayed(start["status"], headers, body)
         return Relayed(start["status"], headers, stream=_stream(exchange, future))
     except BaseException:
         future.cancel()  # the caller went away (or the app failed): stop the app's run
