@@ -206,7 +206,7 @@ def test_models_are_placed_by_serves_multiplexing(cluster):
             return sorted(m for r in states for m in r["held"]) == sorted(models) and \
                 all(len(r["held"]) == 1 and r["resident"] == r["held"] for r in states)
 
-        wait_for(placed, 60, f"one model on each replica, loaded there: {replicas()}")
+        wait_for(placed, 60, "one model on each replica, loaded there")
         before = {r["replica_id"]: r for r in replicas()}
         for i in range(20):
             for model in models:
