@@ -4,6 +4,7 @@ shapes of their answers. Run with `make test-compat`; skipped where the referenc
 
 import base64
 import contextlib
+import glob
 import json
 import os
 import re
@@ -40,11 +41,15 @@ pytestmark = [pytest.mark.compat,
                                  "(run ../shared/anchors/setup.sh)")]
 
 
+PYTHON_BACKEND_REGIONS = "/dev/shm/triton_python_backend_shm_region_*"
+
+
 class Reference:
     def __init__(self, repo: Path, log_path: Path, args: tuple[str, ...] = ("--load-model=*",),
                  avoid: tuple[int, ...] = ()):
         self.http_port, self.grpc_port, self.metrics_port = free_ports(3, avoid)
         self.log_file = open(log_path, "wb")
+        self.regions_before = set(glob.glob(PYTHON_BACKEND_REGIONS))
         self.proc = subprocess.Popen(
             [str(REFERENCE), "--model-repository", str(repo), "--model-control-mode=explicit", *args,
              "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
@@ -54,6 +59,20 @@ class Reference:
 
     def get(self, path):
         return http_request(self.http_port, "GET", path)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 30 s; the python backend's regions it left in /dev/shm (its
+        stubs leave some behind when they are stopped) are removed."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.log_file.close()
+        for region in set(glob.glob(PYTHON_BACKEND_REGIONS)) - self.regions_before:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(region)
 
     def post(self, path, body=b""):
         return http_request(self.http_port, "POST", path, body)
@@ -71,13 +90,7 @@ def both_serving(repo: Path, logs: Path, args: tuple[str, ...] = ("--load-model=
         yield ours, ref
     finally:
         ours.cleanup()
-        ref.proc.send_signal(signal.SIGTERM)
-        try:
-            ref.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(ref.proc.pid, signal.SIGKILL)
-            ref.proc.wait()
-        ref.log_file.close()
+        ref.stop()
         assert not shm_segments(ours.pid)
 
 
@@ -573,7 +586,7 @@ def test_restricted_apis_match_for_every_endpoint(tmp_path):
         ours = ServerProcess([repo], ["--model-control-mode=explicit", *args], tmp_path / "tritonmp.log")
         stack.callback(ours.cleanup)
         ref = Reference(repo, tmp_path / "triton.log", tuple(args), (ours.http_port, ours.grpc_port, ours.metrics_port))
-        stack.callback(lambda: (ref.proc.send_signal(signal.SIGTERM), ref.proc.wait(30), ref.log_file.close()))
+        stack.callback(ref.stop)
         for server in (ours, ref):  # readiness is restricted too: wait with the header
             ours.wait_until(lambda s=server: http_request(s.http_port, "GET", "/v2/health/ready",
                                                           headers={"k-health": "v"})[0] == 200,
@@ -696,12 +709,7 @@ def _model_log_counts(tmp_path, which: str, settings: dict) -> list[int]:
         port, stop = server.http_port, server.cleanup
     else:
         ref = Reference(tmp_path / "repo", tmp_path / "ref.out", args)
-        port = ref.http_port
-
-        def stop():
-            ref.proc.send_signal(signal.SIGTERM)
-            ref.proc.wait(30)
-            ref.log_file.close()
+        port, stop = ref.http_port, ref.stop
     try:
         wait_for(lambda: _ready(port), 120, f"{which} server")
         if settings:
