@@ -12,6 +12,8 @@ import logging
 import os
 
 import pytest
+from hostile_clients import END_HEADERS, HEADERS, PING, SETTINGS, call_block, h2frame
+from http2_harness import Harness, Transport
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
@@ -146,26 +148,6 @@ def test_grpc_infer_messages(raw):
         assert e.status.http_status in (400, 404, 501)
 
 
-class _Transport:
-    def __init__(self):
-        self.written, self.closed = [], False
-
-    def write(self, data):
-        self.written.append(data)
-
-    def is_closing(self):
-        return self.closed
-
-    def close(self):
-        self.closed = True
-
-    def abort(self):
-        self.closed = True
-
-    def get_extra_info(self, *_):
-        return None
-
-
 FRAME = st.tuples(st.integers(0, 12), st.integers(0, 255), st.integers(0, 7),
                   st.binary(max_size=40)).map(lambda f: len(f[3]).to_bytes(3, "big") + bytes((f[0], f[1]))
                                               + f[2].to_bytes(4, "big") + f[3])
@@ -195,7 +177,7 @@ def test_http2_frames(chunks):
 
     async def run():
         conn = http2.Connection(lambda c, s: Silent(), keepalive=http2.Keepalive(time=0, preface_timeout=0))
-        conn.connection_made(_Transport())
+        conn.connection_made(Transport())
         for chunk in (http2.PREFACE, *chunks):  # as the loop reads: into the buffer the connection gives
             view = memoryview(chunk)
             while view.nbytes and not conn.closed:
@@ -288,3 +270,42 @@ def test_upload_paths_stay_inside_the_model_directory(tmp_path, rel):
     finally:
         shutil.rmtree(root)
     assert files_under(tmp_path) == []
+
+
+_CONTROL_FRAMES = {  # a frame that asks for work without carrying a request, and one that opens a stream
+    "ping": h2frame(PING, 0, 0, b"12345678"),
+    "settings": h2frame(SETTINGS, 0, 0),
+    "window": h2frame(SETTINGS, 0, 0, (4).to_bytes(2, "big") + (70000).to_bytes(4, "big")),
+    "window_update": h2frame(8, 0, 0, (1).to_bytes(4, "big")),
+    "priority": h2frame(2, 0, 1, b"\0\0\0\0\x10"),
+    "empty_data": h2frame(0, 0, 1),
+    "unknown": h2frame(0x20, 0, 0, b"x"),
+    "continuation": h2frame(9, 0, 1),
+}
+_COUNTED = set(_CONTROL_FRAMES) - {"continuation"}
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.sampled_from(sorted(_CONTROL_FRAMES)), st.integers(1, 1500)), max_size=5))
+def test_http2_control_frame_floods(runs):
+    """Runs of control frames on one open stream: the connection ends only with a GOAWAY of its own
+    (never a failure of ours), keeps at most one partial frame, and past its control budget (less
+    what its answers earned) it has ended."""
+    async def go():
+        h = Harness()
+        await h.feed(h2frame(HEADERS, END_HEADERS, 1, call_block("ModelStreamInfer")))
+        started = asyncio.get_running_loop().time()
+        counted = 0
+        for name, n in runs:
+            await h.feed(_CONTROL_FRAMES[name] * n)
+            counted += n if name in _COUNTED else 0
+            assert len(h.conn.buffer) <= http2.MAX_CONTROL_FRAME + 9
+        elapsed = asyncio.get_running_loop().time() - started
+        return h, counted, elapsed
+
+    h, counted, elapsed = asyncio.run(go())
+    code = h.transport.goaway()
+    assert code in (None, http2.ENHANCE_YOUR_CALM, http2.PROTOCOL_ERROR), code
+    burst, rate = http2.CONTROL_BUDGET
+    if counted > burst + rate * elapsed + 1:
+        assert h.conn.closed and code is not None, (counted, code)

@@ -100,9 +100,11 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-max-input-size", type=int, default=64 << 20, metavar="BYTES",
                    help="the largest HTTP request body, as received and as decompressed (413 beyond it)")
     p.add_argument("--http-header-timeout-secs", type=float, default=10.0,
-                   help="close a connection that has not sent a request's headers within this (0: no limit)")
+                   help="close a connection that has not sent a request's headers within this, or a gRPC "
+                        "connection its HTTP/2 preface or a frame other than DATA it has begun (0: no limit)")
     p.add_argument("--http-body-timeout-secs", type=float, default=60.0,
-                   help="close a connection whose request body stalls this long (0: no limit)")
+                   help="close a connection whose request body stalls this long, or a gRPC connection that "
+                        "has not finished a DATA frame it began within this (0: no limit)")
     p.add_argument("--http-keepalive-timeout-secs", type=float, default=5.0,
                    help="close an idle keep-alive connection after this long")
     p.add_argument("--max-connections", type=int, default=0,
@@ -249,7 +251,7 @@ def serve(argv: list[str]) -> int:
         args.grpc_keepalive_time, args.grpc_keepalive_timeout, args.grpc_keepalive_permit_without_calls,
         args.grpc_max_connection_age, args.grpc_max_connection_age_grace,
         args.grpc_http2_min_recv_ping_interval_without_data, args.grpc_http2_max_ping_strikes,
-        preface_timeout=args.http_header_timeout_secs)
+        preface_timeout=args.http_header_timeout_secs, data_timeout=args.http_body_timeout_secs)
     listeners: list[Listener] = []
     try:
         if args.allow_http:

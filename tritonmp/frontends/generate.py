@@ -31,6 +31,8 @@ def parse(body: bytes) -> dict:
         doc = json.loads(body, object_pairs_hook=pairs_hook)
     except ValueError as e:  # json.JSONDecodeError and friends
         raise invalid(f"failed to parse the request JSON buffer: {e}") from None
+    except RecursionError:
+        raise invalid("failed to parse the request JSON buffer: it is nested too deeply") from None
     if not isinstance(doc, dict):
         raise invalid("the request body must be a JSON object")
     return doc

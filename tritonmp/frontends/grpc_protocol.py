@@ -23,6 +23,7 @@ from ..logs import get_logger
 from . import http2
 from .grpc_codec import WireResponse
 from .inflate import TooLarge, inflate
+from .protobuf_framing import NotAMessage, ProtobufFraming, TooLong
 
 log = get_logger("grpc")
 
@@ -301,14 +302,17 @@ class _Call(http2.StreamHandler):
         if not isinstance(item, _Compressed):
             return item
         encoding = self.encoding.decode(errors="replace")
+        framing = ProtobufFraming(self.max_message)  # a bomb of what cannot be a message stops at its start
         try:
-            return self._parse(await inflate(item.payload, encoding, self.max_message))
+            return self._parse(await inflate(item.payload, encoding, self.max_message, framing.feed))
+        except NotAMessage:
+            raise RpcError(Code.INTERNAL, "Unable to parse request") from None
+        except (TooLarge, TooLong) as e:
+            raise RpcError(Code.RESOURCE_EXHAUSTED, f"Received message larger than max ({e.args[0]} vs. "
+                                                    f"{self.max_message}) once decompressed") from None
         except ValueError:
             raise RpcError(Code.UNIMPLEMENTED, f"compressed message with unsupported grpc-encoding '{encoding}'") \
                 from None
-        except TooLarge as e:
-            raise RpcError(Code.RESOURCE_EXHAUSTED, f"Received message larger than max ({e.args[0]} vs. "
-                                                    f"{self.max_message}) once decompressed") from None
         except zlib.error as e:
             raise RpcError(Code.INTERNAL, f"could not decompress the request: {e}") from None
 
@@ -413,6 +417,12 @@ class GrpcServer:
 
     def _open_stream(self, conn: http2.Connection, stream: http2.Stream) -> http2.StreamHandler:
         headers = stream.headers
+        if stream.header_size > http2.HEADER_LIST_SOFT:
+            message = (f"the request's metadata of {stream.header_size} bytes exceeds the limit of "
+                       f"{http2.HEADER_LIST_SOFT}")
+            conn.send_headers(stream, status_block(Code.RESOURCE_EXHAUSTED, message, trailers_only=True),
+                              end_stream=True)
+            return _Ignored()
         method = self.methods.get(headers.get(b":path"))
         if headers.get(b":method") != b"POST" or not headers.get(b"content-type", b"").startswith(b"application/grpc"):
             conn.send_headers(stream, http2.header_block([(b":status", b"415")]), end_stream=True)

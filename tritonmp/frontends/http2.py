@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,8 +46,29 @@ DEFAULT_FRAME_SIZE = 16384
 RECV_STREAM_WINDOW = 1 << 24
 RECV_CONNECTION_WINDOW = 1 << 30
 RECV_FRAME_SIZE = 1 << 20
-MAX_HEADER_LIST = 1 << 20
 MAX_STREAMS = 1024  # concurrent streams a client may open on one connection (SETTINGS_MAX_CONCURRENT_STREAMS)
+
+# What one client may make a connection do, in the order of grpc-core's, nghttp2's and Envoy's limits.
+# A request's header list (RFC 9113 6.5.2: names and values plus 32 bytes a field, dynamic-table
+# references counted at their decoded size): past the soft limit (advertised as
+# SETTINGS_MAX_HEADER_LIST_SIZE) the stream is refused and the connection serves on; past the hard
+# limit decoding stops, and the connection ends, since the HPACK state is lost.
+HEADER_LIST_SOFT = 16 << 10
+HEADER_LIST_HARD = 32 << 10
+MAX_CONTROL_FRAME = HEADER_LIST_HARD + 256 + 6  # the longest frame other than DATA taken (a HEADERS with padding)
+MAX_CONTINUATIONS = 16  # CONTINUATION frames in one header block
+MAX_SETTINGS_ENTRIES = 32  # entries in one SETTINGS frame
+# Token buckets (burst, per second): streams the client resets or has refused, and frames that ask for
+# work without carrying a request (PING, SETTINGS, WINDOW_UPDATE, PRIORITY, empty DATA, unknown types;
+# each HEADERS or DATA frame the server sends earns CONTROL_EARNED). Past either: GOAWAY ENHANCE_YOUR_CALM.
+RESET_BUDGET = (500, 100.0)
+CONTROL_BUDGET = (1000, 100.0)
+CONTROL_EARNED = 2
+# A connection's input is handled for at most this long in one turn of the event loop; the rest waits,
+# with reading paused, for the next turn, so one connection's flood cannot hold the others.
+TURN_SECONDS = 0.002
+LINGER_SECONDS = 1.0  # a connection ended on an error drops what its client still sends for this long,
+LINGER_BYTES = 16 << 20  # and this much, before it closes
 
 _HEAD = struct.Struct(">IBI")  # length (24 bits) and type in one word, flags, stream id
 _U32 = struct.Struct(">I")
@@ -128,20 +150,48 @@ class StreamHandler(Protocol):
 
 
 class Stream:
-    __slots__ = ("id", "headers", "handler", "send_window", "recv_unacked", "remote_closed", "local_closed")
+    """One request stream. Its send window is kept relative to the peer's initial window
+    (`window`: the increments it was given less what was sent), so that a change of
+    SETTINGS_INITIAL_WINDOW_SIZE reaches every stream at once, without a walk over them."""
 
-    def __init__(self, stream_id: int, send_window: int):
+    __slots__ = ("id", "headers", "header_size", "handler", "window", "recv_unacked", "remote_closed", "local_closed")
+
+    def __init__(self, stream_id: int):
         self.id = stream_id
         self.headers: dict[bytes, bytes] = {}
+        self.header_size = 0  # the header list's size as RFC 9113 6.5.2 counts it
         self.handler: StreamHandler | None = None
-        self.send_window = send_window
+        self.window = 0
         self.recv_unacked = 0
         self.remote_closed = False
         self.local_closed = False
 
 
-_CLOSED = Stream(0, 0)  # stands for a stream already closed, in _headers
-_REFUSED = Stream(0, 0)  # stands for a new stream refused (after GOAWAY, or past MAX_STREAMS)
+_CLOSED = Stream(0)  # stands for a stream already closed, in _headers
+_REFUSED = Stream(0)  # stands for a new stream refused (after GOAWAY, or past MAX_STREAMS)
+
+
+class Budget:
+    """A token bucket: `burst` tokens, refilled at `rate` a second; `spend` takes one, False when
+    none is left."""
+
+    __slots__ = ("burst", "rate", "tokens", "stamp")
+
+    def __init__(self, burst: int, rate: float, now: float):
+        self.burst, self.rate, self.tokens, self.stamp = burst, rate, float(burst), now
+
+    def spend(self, now: float) -> bool:
+        tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if tokens < 1:
+            self.tokens = tokens
+            return False
+        self.tokens = tokens - 1
+        return True
+
+    def earn(self, n: int) -> None:
+        if self.tokens < self.burst:
+            self.tokens = min(self.burst, self.tokens + n)
 
 
 @dataclass(frozen=True)
@@ -149,8 +199,9 @@ class Keepalive:
     """A connection's timing policy, in seconds, from Triton's gRPC keepalive flags: the server
     PINGs a connection `time` after it last heard from it (only while calls are open unless
     `without_calls`) and closes it when no ACK comes within `timeout`; a connection older than
-    `max_age` is sent GOAWAY and closed after `max_age_grace` more (0: never). Also the preface
-    deadline and the policy for the client's own PINGs (see Connection._ping_policy)."""
+    `max_age` is sent GOAWAY and closed after `max_age_grace` more (0: never). Also the deadlines
+    for what a client has started to send, and the policy for the client's own PINGs (see
+    Connection._ping_policy)."""
 
     time: float = 7200.0
     timeout: float = 20.0
@@ -158,6 +209,9 @@ class Keepalive:
     max_age: float = 0.0
     max_age_grace: float = 0.0
     preface_timeout: float = 10.0  # a new connection must open with HTTP/2's preface within this (0: no limit)
+    # a frame other than DATA, once begun, must be complete within preface_timeout too; a DATA frame within
+    # data_timeout (0: no limit); both count from the read after the frame before it completed
+    data_timeout: float = 60.0
     # Triton's --grpc-http2-min-recv-ping-interval-without-data (s) and --grpc-http2-max-ping-strikes: a client
     # PING sooner than that after the last while no call is open is a strike; past the strikes, GOAWAY
     min_ping_interval: float = 300.0
@@ -166,11 +220,11 @@ class Keepalive:
     @classmethod
     def from_triton_ms(cls, time_ms: float, timeout_ms: float, permit_without_calls: bool, max_age_ms: float,
                        max_age_grace_ms: float, min_recv_ping_interval_ms: float, max_ping_strikes: int,
-                       preface_timeout: float) -> Keepalive:
+                       preface_timeout: float, data_timeout: float = 60.0) -> Keepalive:
         """From Triton's gRPC keepalive settings, which count milliseconds (its flags and the
         tritonfrontend Options alike)."""
         return cls(time_ms / 1000, timeout_ms / 1000, permit_without_calls, max_age_ms / 1000, max_age_grace_ms / 1000,
-                   preface_timeout, min_recv_ping_interval_ms / 1000, max_ping_strikes)
+                   preface_timeout, data_timeout, min_recv_ping_interval_ms / 1000, max_ping_strikes)
 
 
 KEEPALIVE_PING = b"tmp-keep"  # the opaque data of the server's own keepalive PINGs
@@ -203,15 +257,22 @@ class Connection(asyncio.BufferedProtocol):
         self.buffer = bytearray()
         self.preface_seen = False
         self.decoder = hpack.Decoder()
-        self.decoder.max_header_list_size = MAX_HEADER_LIST
-        self.header_cache: dict[bytes, dict[bytes, bytes]] = {}
+        self.decoder.max_header_list_size = HEADER_LIST_HARD
+        self.header_cache: dict[bytes, tuple[dict[bytes, bytes], int]] = {}
         self.streams: dict[int, Stream] = {}
         self.last_stream_id = 0
         self.peer_frame_size = DEFAULT_FRAME_SIZE
         self.peer_initial_window = DEFAULT_WINDOW
         self.send_window = DEFAULT_WINDOW
         self.recv_unacked = 0
-        self.continuing: tuple | None = None  # stream, its id, the first frame's flags, the block so far
+        self.continuing: list | None = None  # stream, its id, the first frame's flags, the block so far, its frames
+        self.resets: Budget | None = None  # of streams reset by the client or refused (from connection_made)
+        self.control: Budget | None = None  # of frames that carry no request
+        self.backlog = False  # input left for the next turn of the loop
+        self.held = False  # reading paused for that backlog
+        self.frames_done = 0  # frames completed so far
+        self.stall_mark = -1  # frames_done when the stall deadline was set
+        self.stall_at: float | None = None  # when the frame in progress must be complete
         self.goaway_sent = False
         self.closed = False
         self.window_waiters: list[asyncio.Future] = []
@@ -220,13 +281,17 @@ class Connection(asyncio.BufferedProtocol):
         self.resume_waiters: list[asyncio.Future] = []
         self.pending: list[bytes] = []  # frames written in this loop iteration, sent together at its end
         self.data_left = 0  # bytes still to come of a DATA frame whose payload is handed on as it arrives
+        self.pad_left = 0  # and of its padding, dropped
         self.data_stream: Stream | None = None  # that frame's stream (None: its payload is dropped)
         self.data_flags = 0
         self.direct: memoryview | None = None  # the handler's buffer the next read goes into, if any
+        self.lingering = 0  # bytes still to drop in a lingering close
 
     def _write(self, data: bytes) -> None:
         """Frames go out once per loop iteration: the answers that complete together (a batch)
         leave in one system call."""
+        if self.closed:
+            return
         if not self.pending:
             self.loop.call_soon(self._flush)
         self.pending.append(data)
@@ -247,12 +312,14 @@ class Connection(asyncio.BufferedProtocol):
             return
         settings = b"".join(_SETTING.pack(k, v) for k, v in (
             (SETTINGS_ENABLE_PUSH, 0), (SETTINGS_INITIAL_WINDOW_SIZE, RECV_STREAM_WINDOW),
-            (SETTINGS_MAX_FRAME_SIZE, RECV_FRAME_SIZE), (SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST),
+            (SETTINGS_MAX_FRAME_SIZE, RECV_FRAME_SIZE), (SETTINGS_MAX_HEADER_LIST_SIZE, HEADER_LIST_SOFT),
             (SETTINGS_MAX_CONCURRENT_STREAMS, MAX_STREAMS)))
         transport.write(frame(SETTINGS, 0, 0, settings)
                         + frame(WINDOW_UPDATE, 0, 0, _U32.pack(RECV_CONNECTION_WINDOW - DEFAULT_WINDOW)))
         loop = self.loop
         self.heard = loop.time()
+        self.resets = Budget(*RESET_BUDGET, self.heard)
+        self.control = Budget(*CONTROL_BUDGET, self.heard)
         if self.keepalive.time > 0:
             self.timers["ping"] = loop.call_later(self.keepalive.time, self._keepalive_ping)
         if self.keepalive.max_age > 0:
@@ -318,15 +385,22 @@ class Connection(asyncio.BufferedProtocol):
             stream.handler.received_into(nbytes)
             if not self.data_left and not self.closed:
                 self.data_stream = None
+                self.frames_done += 1
                 self._data_end(stream, self.data_flags)
         except Exception:  # a bug of ours: this connection ends, the server serves on
             log.exception("HTTP/2 connection failed")
             self._goaway(INTERNAL_ERROR)
             self._close()
+        self._watch_stall()
 
     def data_received(self, data) -> None:
         """Bytes read from the client (a view valid during the call)."""
         if self.closed:
+            if self.lingering:  # dropped, up to a bound
+                self.lingering -= len(data)
+                if self.lingering <= 0:
+                    self.lingering = 0
+                    self.transport.close()
             return
         self.heard = self.loop.time()
         try:
@@ -341,28 +415,116 @@ class Connection(asyncio.BufferedProtocol):
                 view = view[n:]
                 if self.closed or not view.nbytes:
                     return
+            if self.pad_left:  # and its padding
+                n = min(self.pad_left, view.nbytes)
+                self.pad_left -= n
+                view = view[n:]
+                if not view.nbytes:
+                    return
             buf = self.buffer
-            if not buf:  # frames are read in place; an incomplete one is kept
+            if not buf:  # frames are read in place; an incomplete one (or the rest of the turn's) is kept
                 used = self._frames(view)
                 if used < view.nbytes and not self.closed:
                     buf += view[used:]
             else:
                 buf += view
-                with memoryview(buf) as held:
-                    used = self._frames(held)
-                if not self.closed:
-                    del buf[:used]
-        except ProtocolError as e:
-            log.debug("HTTP/2 connection error: %s", e)
-            self._goaway(e.code, str(e).encode())
-            self._close()
-        except hpack.HPACKError as e:
-            self._goaway(COMPRESSION_ERROR, str(e).encode())
-            self._close()
-        except Exception:  # a bug of ours: this connection ends, the server serves on
-            log.exception("HTTP/2 connection failed")
+                if not self.backlog:  # else the next turn handles it
+                    with memoryview(buf) as held:
+                        used = self._frames(held)
+                    if not self.closed:
+                        del buf[:used]
+        except Exception as e:  # noqa: BLE001 - every error ends this connection alone
+            self._failed(e)
+        finally:
+            self._watch_stall()
+
+    def _failed(self, error: Exception) -> None:
+        """End the connection on an error of the client's (GOAWAY with its code), or a bug of ours
+        (logged, INTERNAL_ERROR): the server serves on."""
+        if isinstance(error, ProtocolError):
+            log.debug("HTTP/2 connection error: %s", error)
+            self._goaway(error.code, str(error).encode())
+        elif isinstance(error, hpack.HPACKError):
+            self._goaway(COMPRESSION_ERROR, str(error).encode())
+        else:
+            log.error("HTTP/2 connection failed", exc_info=error)
             self._goaway(INTERNAL_ERROR)
-            self._close()
+        self._close(linger=True)
+
+    # ---- bounds on what one connection's input costs ----
+
+    def _yield_turn(self) -> None:
+        """The turn's time is up with input left: reading pauses, and the rest is handled in the
+        next turn of the loop, after the other connections have had theirs."""
+        if not self.backlog:
+            self.backlog = True
+            self.loop.call_soon(self._next_turn)
+            if not self.held:
+                self.held = True
+                self.transport.pause_reading()
+
+    def _next_turn(self) -> None:
+        self.backlog = False
+        if self.closed:
+            return
+        buf = self.buffer
+        try:
+            with memoryview(buf) as held:
+                used = self._frames(held)
+            if not self.closed:
+                del buf[:used]
+        except Exception as e:  # noqa: BLE001
+            self._failed(e)
+        self._watch_stall()
+        if not self.backlog and self.held and not self.closed:
+            self.held = False
+            if not self.write_paused:
+                self.transport.resume_reading()
+
+    def _watch_stall(self) -> None:
+        """Once input stops in the middle of a frame, the frame must be complete by a deadline
+        (Keepalive.preface_timeout for frames other than DATA, data_timeout for DATA), counted from
+        the first read after the frame before it: a client cannot hold a partial frame, or the
+        memory it takes, for longer."""
+        if self.closed:
+            return
+        if not (self.data_left or self.pad_left or self.buffer) or self.backlog:
+            self.stall_at = None
+            return
+        if self.stall_at is not None and self.stall_mark == self.frames_done:
+            return
+        limit = self.keepalive.data_timeout if self.data_left or self.pad_left else self.keepalive.preface_timeout
+        if limit <= 0:
+            self.stall_at = None
+            return
+        self.stall_mark = self.frames_done
+        self.stall_at = self.heard + limit
+        if "stall" not in self.timers:
+            self.timers["stall"] = self.loop.call_at(self.stall_at, self._stalled)
+
+    def _stalled(self) -> None:
+        self.timers.pop("stall", None)
+        if self.stall_at is None or self.closed:
+            return
+        if self.loop.time() < self.stall_at:
+            self.timers["stall"] = self.loop.call_at(self.stall_at, self._stalled)
+            return
+        log.info("closing a gRPC connection whose client left a frame unfinished for %gs",
+                 self.keepalive.data_timeout if self.data_left or self.pad_left else self.keepalive.preface_timeout)
+        self._goaway(PROTOCOL_ERROR, b"frame not completed in time")
+        for stream in list(self.streams.values()):
+            self._drop(stream, notify=True)
+        self._close(linger=True)
+
+    def _calm_control(self) -> None:
+        """A frame that carries no request: spent from the connection's control budget."""
+        if not self.control.spend(self.heard):
+            raise ProtocolError("too many control frames", ENHANCE_YOUR_CALM)
+
+    def _calm_reset(self) -> None:
+        """A stream reset by the client, or refused: spent from the connection's reset budget."""
+        if not self.resets.spend(self.heard):
+            raise ProtocolError("too many streams reset", ENHANCE_YOUR_CALM)
 
     def _preface(self, data: bytes) -> bool:
         """Whether the connection preface is complete (what follows it stays in the buffer)."""
@@ -386,29 +548,46 @@ class Connection(asyncio.BufferedProtocol):
         stream handlers as views of `view`, which they copy from before returning."""
         pos = 0
         end = view.nbytes
+        turn_ends = time.perf_counter() + TURN_SECONDS
         while end - pos >= 9:
             length = view[pos] << 16 | view[pos + 1] << 8 | view[pos + 2]
-            if length > RECV_FRAME_SIZE:
-                raise ProtocolError(f"frame of {length} bytes exceeds the maximum frame size", FRAME_SIZE_ERROR)
             kind = view[pos + 3]
+            if length > RECV_FRAME_SIZE or (length > MAX_CONTROL_FRAME and kind != DATA):
+                raise ProtocolError(f"frame of {length} bytes exceeds the maximum frame size", FRAME_SIZE_ERROR)
             flags = view[pos + 4]
             stream_id = _U32.unpack_from(view, pos + 5)[0] & 0x7FFFFFFF
             if end - pos < 9 + length:
-                if kind != DATA or flags & FLAG_PADDED:
+                if kind != DATA or (flags & FLAG_PADDED and end - pos < 10):
                     break
                 # a large DATA frame: its payload goes on in pieces, not gathered here first
+                start = pos + 9
+                pad = 0
+                if flags & FLAG_PADDED:
+                    pad = view[start]
+                    start += 1
+                    if pad >= length:
+                        raise ProtocolError("padding exceeds the frame")
+                content = length - 1 - pad if flags & FLAG_PADDED else length
                 self.data_stream = self._data_start(flags, stream_id, length)
                 self.data_flags = flags
-                self.data_left = length
-                self._data_part(view[pos + 9:end])
+                self.data_left = content
+                self.pad_left = pad
+                arrived = end - start
+                self._data_part(view[start:start + min(arrived, content)])
+                if arrived > content:
+                    self.pad_left -= arrived - content
                 return end
             payload = view[pos + 9:pos + 9 + length]
             pos += 9 + length
+            self.frames_done += 1
             if kind == DATA:
                 self._data(flags, stream_id, payload)
             else:
                 self._frame(kind, flags, stream_id, bytes(payload))
             if self.closed:
+                break
+            if time.perf_counter() > turn_ends and end - pos >= 9:
+                self._yield_turn()
                 break
         return pos
 
@@ -437,7 +616,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        if self.transport is not None and not self.closed:
+        if self.transport is not None and not self.closed and not self.held:
             self.transport.resume_reading()
         waiters, self.resume_waiters = self.resume_waiters, []
         for waiter in waiters:
@@ -456,10 +635,12 @@ class Connection(asyncio.BufferedProtocol):
         elif kind == SETTINGS:
             self._settings(flags, stream_id, payload)
         elif kind == WINDOW_UPDATE:
+            self._calm_control()
             self._window_update(stream_id, payload)
         elif kind == PING:
             if stream_id or len(payload) != 8:
                 raise ProtocolError("malformed PING", FRAME_SIZE_ERROR if len(payload) != 8 else PROTOCOL_ERROR)
+            self._calm_control()
             if not flags & FLAG_ACK:
                 self._ping_policy()
                 if self.closed:
@@ -472,11 +653,14 @@ class Connection(asyncio.BufferedProtocol):
         elif kind == RST_STREAM:
             if not stream_id or len(payload) != 4:
                 raise ProtocolError("malformed RST_STREAM")
+            if stream_id > self.last_stream_id:
+                raise ProtocolError("RST_STREAM on an idle stream")
+            # counted whether or not the stream is still open here: a client that resets streams as fast
+            # as it opens them is sending requests it does not want answered
+            self._calm_reset()
             stream = self.streams.get(stream_id)
             if stream is not None:
                 self._drop(stream, notify=True)
-            elif stream_id > self.last_stream_id:
-                raise ProtocolError("RST_STREAM on an idle stream")
         elif kind == GOAWAY:
             if stream_id:
                 raise ProtocolError("GOAWAY on a stream")
@@ -485,9 +669,11 @@ class Connection(asyncio.BufferedProtocol):
         elif kind == PRIORITY:
             if not stream_id or len(payload) != 5:
                 raise ProtocolError("malformed PRIORITY")
+            self._calm_control()
         elif kind == PUSH_PROMISE:
             raise ProtocolError("a client may not push")
-        # unknown frame types are ignored (RFC 9113 5.5)
+        else:  # unknown frame types are ignored (RFC 9113 5.5)
+            self._calm_control()
 
     def _ping_policy(self) -> None:
         """gRPC's policy for client PINGs: with calls open any number is fine; without, one sooner
@@ -502,14 +688,17 @@ class Connection(asyncio.BufferedProtocol):
             self.ping_strikes += 1
             if self.ping_strikes > self.keepalive.max_ping_strikes:
                 self._goaway(ENHANCE_YOUR_CALM, b"too_many_pings")
-                self._close()
+                self._close(linger=True)
                 return
         if not self.streams:
             self.last_ping = now
 
     def _answered(self) -> None:
+        """Headers or data are being sent: the client's PINGs are forgiven, and its control frames
+        (window updates, PINGs measuring the bandwidth) earn budget."""
         self.ping_strikes = 0
         self.last_ping = float("-inf")
+        self.control.earn(CONTROL_EARNED)
 
     def _strip_padding(self, flags: int, payload: bytes) -> bytes:
         if flags & FLAG_PADDED:
@@ -525,6 +714,8 @@ class Connection(asyncio.BufferedProtocol):
         chunk = self._strip_padding(flags, payload)
         if chunk:
             stream.handler.data(chunk)
+        elif not flags & FLAG_END_STREAM:
+            self._calm_control()
         self._data_end(stream, flags)
 
     def _data_start(self, flags: int, stream_id: int, length: int) -> Stream | None:
@@ -561,11 +752,14 @@ class Connection(asyncio.BufferedProtocol):
         self.data_left -= chunk.nbytes
         stream = self.data_stream
         if stream is None:
+            if not self.data_left:
+                self.frames_done += 1
             return
         if chunk.nbytes:
             stream.handler.data(chunk)
         if not self.data_left:
             self.data_stream = None
+            self.frames_done += 1
             self._data_end(stream, self.data_flags)
 
     def _data_end(self, stream: Stream, flags: int) -> None:
@@ -594,47 +788,56 @@ class Connection(asyncio.BufferedProtocol):
                 self.last_stream_id = stream_id
                 # past the advertised limit the stream is refused (its headers still decoded, for HPACK)
                 refuse = self.goaway_sent or len(self.streams) >= MAX_STREAMS
-                stream = _REFUSED if refuse else Stream(stream_id, self.peer_initial_window)
+                stream = _REFUSED if refuse else Stream(stream_id)
         elif stream.remote_closed:
             raise ProtocolError("HEADERS on a half-closed stream", STREAM_CLOSED)
         if flags & FLAG_END_HEADERS:
             self._header_block(stream, stream_id, flags, payload)
         else:
-            self.continuing = (stream, stream_id, flags, bytearray(payload))
+            self.continuing = [stream, stream_id, flags, bytearray(payload), 0]
 
     def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if self.continuing is None or self.continuing[1] != stream_id:
+        continuing = self.continuing
+        if continuing is None or continuing[1] != stream_id:
             raise ProtocolError("unexpected CONTINUATION frame")
-        stream, _, first_flags, block = self.continuing
+        stream, _, first_flags, block, frames = continuing
         block += payload
-        if len(block) > MAX_HEADER_LIST:
-            raise ProtocolError("header block too large")
+        if len(block) > HEADER_LIST_HARD:
+            raise ProtocolError("header block too large", ENHANCE_YOUR_CALM)
+        continuing[4] = frames = frames + 1
         if flags & FLAG_END_HEADERS:
             self.continuing = None
             self._header_block(stream, stream_id, first_flags, bytes(block))
+        elif frames >= MAX_CONTINUATIONS:
+            raise ProtocolError("too many CONTINUATION frames", ENHANCE_YOUR_CALM)
 
-    def _decode(self, block: bytes) -> dict[bytes, bytes]:
-        """A header block as a dict. Clients repeat the same headers on every call, which after the
-        first call are references into the dynamic table, so their blocks repeat byte for byte:
-        such a block only reads the table, and its decoding is kept until the table changes."""
-        headers = self.header_cache.get(block)
-        if headers is None:
-            headers = dict(self.decoder.decode(block, raw=True))
+    def _decode(self, block: bytes) -> tuple[dict[bytes, bytes], int]:
+        """A header block as a dict, and the header list's size. Clients repeat the same headers on
+        every call, which after the first call are references into the dynamic table, so their blocks
+        repeat byte for byte: such a block only reads the table, and its decoding is kept until the
+        table changes. The decoder stops past HEADER_LIST_HARD (an HPACKError)."""
+        decoded = self.header_cache.get(block)
+        if decoded is None:
+            fields = self.decoder.decode(block, raw=True)
+            decoded = dict(fields), sum(len(name) + len(value) + 32 for name, value in fields)
             if _only_indexed(block):
                 if len(self.header_cache) >= 64:
                     self.header_cache.clear()
-                self.header_cache[block] = headers
+                self.header_cache[block] = decoded
             else:  # the block may have added to or resized the table: earlier decodings are stale
                 self.header_cache.clear()
-        return headers
+        return decoded
 
     def _header_block(self, stream: Stream, stream_id: int, flags: int, block: bytes) -> None:
-        headers = self._decode(block)
+        headers, size = self._decode(block)
         if stream is _CLOSED:
             return
         if stream is _REFUSED:  # after GOAWAY: the client may retry it elsewhere
+            self._calm_reset()
             self._reset(stream_id, REFUSED_STREAM)
             return
+        if size > HEADER_LIST_SOFT:  # the application refuses it (Stream.header_size), and it counts as a reset
+            self._calm_reset()
         end_stream = bool(flags & FLAG_END_STREAM)
         if stream.handler is not None:  # trailers
             if not end_stream:
@@ -643,6 +846,7 @@ class Connection(asyncio.BufferedProtocol):
             stream.handler.end()
             return
         stream.headers = headers  # shared with the decoding cache: read, never changed
+        stream.header_size = size
         stream.remote_closed = end_stream
         self.streams[stream_id] = stream
         stream.handler = self.open_stream(self, stream)
@@ -658,23 +862,27 @@ class Connection(asyncio.BufferedProtocol):
             return
         if len(payload) % 6:
             raise ProtocolError("malformed SETTINGS", FRAME_SIZE_ERROR)
+        if len(payload) > 6 * MAX_SETTINGS_ENTRIES:
+            raise ProtocolError("too many SETTINGS entries", ENHANCE_YOUR_CALM)
+        self._calm_control()
+        window = self.peer_initial_window
         for pos in range(0, len(payload), 6):
             key, value = _SETTING.unpack_from(payload, pos)
             if key == SETTINGS_INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise ProtocolError("initial window too large", FLOW_CONTROL_ERROR)
-                delta = value - self.peer_initial_window
-                self.peer_initial_window = value
-                for stream in self.streams.values():
-                    stream.send_window += delta
-                if delta > 0:
-                    self._wake_windows()
+                window = value
             elif key == SETTINGS_MAX_FRAME_SIZE:
                 if not DEFAULT_FRAME_SIZE <= value <= (1 << 24) - 1:
                     raise ProtocolError("invalid SETTINGS_MAX_FRAME_SIZE")
                 self.peer_frame_size = value
             elif key == SETTINGS_ENABLE_PUSH and value > 1:
                 raise ProtocolError("invalid SETTINGS_ENABLE_PUSH")
+        if window != self.peer_initial_window:  # every stream's window moves with it (Stream.window)
+            grew = window > self.peer_initial_window
+            self.peer_initial_window = window
+            if grew:
+                self._wake_windows()
         self._write(frame(SETTINGS, FLAG_ACK, 0))
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
@@ -695,8 +903,8 @@ class Connection(asyncio.BufferedProtocol):
                 self._reset(stream_id, PROTOCOL_ERROR)
                 self._drop(stream, notify=True)
                 return
-            stream.send_window += increment
-            if stream.send_window > MAX_WINDOW:
+            stream.window += increment
+            if self.peer_initial_window + stream.window > MAX_WINDOW:
                 self._reset(stream_id, FLOW_CONTROL_ERROR)
                 self._drop(stream, notify=True)
                 return
@@ -739,12 +947,13 @@ class Connection(asyncio.BufferedProtocol):
         """Headers, data and trailers in one write when the data fits the flow-control windows
         and one frame; False (nothing sent) otherwise."""
         n = len(data)
-        if n > self.send_window or n > stream.send_window or n > self.peer_frame_size or self.write_paused:
+        if n > self.send_window or n > self.peer_initial_window + stream.window or n > self.peer_frame_size \
+                or self.write_paused:
             return False
         if not self.is_open(stream):
             return True
         self.send_window -= n
-        stream.send_window -= n
+        stream.window -= n
         self._answered()
         sid = stream.id
         self._write(self._header_frames(sid, headers, False) + frame(DATA, 0, sid, data)
@@ -765,14 +974,14 @@ class Connection(asyncio.BufferedProtocol):
                 self.resume_waiters.append(waiter)
                 await waiter
                 continue
-            n = min(view.nbytes, self.send_window, stream.send_window, self.peer_frame_size)
+            n = min(view.nbytes, self.send_window, self.peer_initial_window + stream.window, self.peer_frame_size)
             if n <= 0:
                 waiter = loop.create_future()
                 self.window_waiters.append(waiter)
                 await waiter
                 continue
             self.send_window -= n
-            stream.send_window -= n
+            stream.window -= n
             self._answered()
             self._flush()  # what is pending goes first; large data is not held back
             self.transport.writelines((_HEAD.pack(n << 8 | DATA, 0, stream.id), view[:n]))
@@ -811,11 +1020,24 @@ class Connection(asyncio.BufferedProtocol):
         self.goaway_sent = True
         self._write(frame(GOAWAY, 0, 0, _U32.pack(self.last_stream_id) + _U32.pack(code) + debug))
 
-    def _close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._flush()
-            self.transport.close()
+    def _close(self, linger: bool = False) -> None:
+        """Close the connection after what is pending is written. `linger`, for a connection ended on
+        an error: it is shut for writing and what the client still sends is read and dropped, for
+        LINGER_SECONDS and LINGER_BYTES at most, before it closes; closed with unread input, the
+        kernel would reset it, and the client could lose the GOAWAY that says why."""
+        if self.closed:
+            return
+        self.closed = True
+        self._flush()
+        transport = self.transport
+        if not linger or not transport.can_write_eof():  # TLS cannot half-close
+            transport.close()
+            return
+        transport.write_eof()
+        self.lingering = LINGER_BYTES
+        self.timers["linger"] = self.loop.call_later(LINGER_SECONDS, transport.close)
+        self.held = False
+        transport.resume_reading()
 
     def _close_when_idle(self) -> None:
         if not self.streams:

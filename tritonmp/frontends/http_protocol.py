@@ -2,8 +2,10 @@
 lacks: a deadline for a request's headers (from the connection's first byte, or a keep-alive
 request's first byte, so trickling them slowly does not help), a deadline for each piece of a
 request body once it has started, and a cap on open connections per listener (connections past it
-are closed at once, before they can use up the process's file descriptors). The keep-alive timeout
-between requests is uvicorn's own `timeout_keep_alive`. A connection closed after an answer while
+are closed at once, before they can use up the process's file descriptors). A request's head is
+bounded before the parser gathers it: MAX_LINE for the request line and for each header, MAX_HEAD for
+all of it (the parser is never fed more than that of one head), answered 414 or 431 and closed. The
+keep-alive timeout between requests is uvicorn's own `timeout_keep_alive`. A connection closed after an answer while
 its client is still sending the request's body (a 413) closes lingering: shut for writing, the rest
 dropped as it comes, for a bounded time and size, so that the client reads the answer.
 
@@ -306,6 +308,16 @@ _BODY = "body"  # the parser is in the middle of a request's body
 _LINGER = "the rest of a body it was answered for"  # the deadline of a lingering close
 LINGER_SECONDS = 2.0  # a lingering close drops what the client still sends for this long at most
 LINGER_BYTES = 256 << 20  # and this much at most
+MAX_LINE = 16 << 10  # the request line, or one header's name and value, at most (nginx and Triton: 8-16 KiB)
+MAX_HEAD = 64 << 10  # a request's line and headers together, at most
+
+
+class HeadTooLarge(Exception):
+    """Raised from a parser callback: the request's head is over a limit; its answer's status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
 
 _INFER_PREFIX = b"/v2/models/"
 _INFER_SUFFIX = b"/infer"
@@ -373,6 +385,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._what = ""
         self._phase: str | None = None  # what the parser is in the middle of: _HEADERS, _BODY, or None
         self._body: ReceivedBody | None = None
+        self._head_bytes = 0  # bytes fed to the parser since the last head was complete, while in a head
+        self._heads = 0  # heads completed
         super().connection_made(transport)
         self.flow = PipelineFlowControl(transport, self.pipeline)
         self.transport = CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
@@ -402,23 +416,46 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._what is _IDLE:  # uvicorn's _unset_keepalive_if_required
             self._deadline = None
+        if self._phase is not _BODY and not self._draining:  # in a head, or before one
+            allowed = MAX_HEAD - self._head_bytes
+            if len(data) > allowed:  # the parser gets no more of one head than MAX_HEAD
+                heads = self._heads
+                if allowed > 0 and not self._feed(data[:allowed]):
+                    return
+                if self._heads == heads:
+                    self._refuse_head(431, f"the request's head is larger than {MAX_HEAD} bytes")
+                else:  # the head ended within it (which reset the count): on with the rest
+                    self.data_received(data[allowed:])
+                return
+            self._head_bytes += len(data)
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> bool:
+        """Parse what arrived and set the deadline for what is still to come; False when the
+        connection has been answered for good (its request refused)."""
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError:  # uvicorn's answers to what its parser refuses
+        except httptools.HttpParserError as e:  # uvicorn's answers to what its parser refuses
+            if isinstance(e.__context__, HeadTooLarge):
+                self._refuse_head(e.__context__.status, str(e.__context__))
+                return False
             self.logger.warning("Invalid HTTP request received.")
             self.send_400_response("Invalid HTTP request received.")
-            return
+            return False
         except httptools.HttpParserUpgrade:
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
-            return
+            return False
+        if self._draining or self.transport.is_closing():
+            return False
         phase = self._phase
         if phase is _BODY:
             self._arm(self.limits.body_timeout, "its request body")
         elif phase is _HEADERS and self._deadline is None:
             self._arm(self.limits.header_timeout, "its request headers")
+        return True
 
     def _arm(self, seconds: float, what: str) -> None:
         if seconds <= 0:
@@ -448,6 +485,31 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline = None
         self._expired(self._what)
 
+    def _refuse_head(self, status: int, message: str) -> None:
+        """Answer a request whose head is over a limit, and close lingering (its client is likely
+        still sending the head)."""
+        log.info("refusing an HTTP request from %s: %s",
+                 f"{self.client[0]}:{self.client[1]}" if self.client else "a client", message)
+        body = orjson.dumps({"error": message})
+        self.transport.write(b"%scontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+                             % (STATUS_LINE[status], len(body), body))
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self._linger()
+
+    def _linger(self) -> None:
+        """Shut the connection for writing, and read and drop what the client still sends, for up to
+        LINGER_SECONDS and LINGER_BYTES, before closing it."""
+        self._draining = True
+        self._phase = None  # the deadline is the lingering close's
+        self.pipeline.clear()
+        self.parser = _Drain(self.transport)
+        self.transport.write_eof()
+        self._arm(LINGER_SECONDS, _LINGER)
+        self.flow.resume_reading()
+
     def _lingers(self) -> bool:
         """Asked as the connection is closed after a response (a client's `Connection: close`):
         when the client is still sending the request's body (a 413 answered before it was read), the
@@ -459,13 +521,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._draining or type(cycle) is FastInfer or not getattr(cycle, "more_body", False) \
                 or not cycle.response_complete or self.transport.is_closing():
             return False
-        self._draining = True
-        self._phase = None  # the deadline is the lingering close's
-        self.pipeline.clear()
-        self.parser = _Drain(self.transport)
-        self.transport.write_eof()
-        self._arm(LINGER_SECONDS, _LINGER)
-        self.flow.resume_reading()
+        self._linger()
         return True
 
     def _expired(self, what: str) -> None:
@@ -516,13 +572,23 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.headers = []
         self._phase = _HEADERS
 
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        if len(self.url) > MAX_LINE:
+            raise HeadTooLarge(414, f"the request's target is longer than {MAX_LINE} bytes")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         """uvicorn's, less its look for `Expect: 100-continue`, made once per request instead: by
         _fast_infer (which leaves any request with an Expect header to ASGI) or before ASGI's cycle."""
+        if len(name) + len(value) > MAX_LINE:
+            raise HeadTooLarge(431, f"the request's header '{name[:64].decode('latin-1')}' is longer than "
+                                    f"{MAX_LINE} bytes")
         self.headers.append((name.lower(), value.rstrip(b" \t")))  # llhttp keeps trailing whitespace
 
     def on_headers_complete(self) -> None:
         self._deadline = None  # _disarm(), as every call below is made for every request
+        self._head_bytes = 0
+        self._heads += 1
         self._phase = _BODY  # until the message is complete
         fast = self._fast_infer() if self.fast_infer is not None else None
         if fast is not None:

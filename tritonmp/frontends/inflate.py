@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections.abc import Callable
 
 SLICE = 1 << 20  # bytes of output between two turns of the event loop
 WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS}
@@ -16,26 +17,32 @@ class TooLarge(Exception):
     """The inflated data would exceed the limit."""
 
 
-async def inflate(data: bytes | bytearray | memoryview, encoding: str, limit: int) -> bytes:
+async def inflate(data: bytes | bytearray | memoryview, encoding: str, limit: int,
+                  check: Callable[[bytes], None] | None = None) -> bytes:
     """`data` inflated; ValueError for an encoding that is not gzip or deflate, zlib.error for data
-    that is not what it claims, TooLarge once the output passes `limit` bytes."""
+    that is not what it claims, TooLarge once the output passes `limit` bytes. `check`, if given,
+    sees each piece of output as it comes and may raise to stop there (see protobuf_framing). The
+    pieces are joined once, at the end: the output's bytes are copied once, never moved as it grows."""
     wbits = WBITS.get(encoding)
     if wbits is None:
         raise ValueError(encoding)
     inflater = zlib.decompressobj(wbits)
-    out = bytearray()
+    pieces: list[bytes] = []
+    size = 0
     pending = data
     while True:
-        out += inflater.decompress(pending, SLICE)
-        if len(out) > limit:
-            raise TooLarge(len(out))
-        pending = inflater.unconsumed_tail
+        piece = inflater.decompress(pending, SLICE) if pending else inflater.flush()
+        size += len(piece)
+        if size > limit:
+            raise TooLarge(size)
+        if piece:
+            if check is not None:
+                check(piece)
+            pieces.append(piece)
         if not pending:
             break
+        pending = inflater.unconsumed_tail
         await asyncio.sleep(0)
-    out += inflater.flush()
-    if len(out) > limit:
-        raise TooLarge(len(out))
     if not inflater.eof:
         raise zlib.error("the compressed data ends before its end marker")
-    return bytes(out)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)

@@ -163,11 +163,13 @@ class KServeGrpc(_Service):
         forward_header_pattern: str = ""
         restricted_features: RestrictedFeatures = field(default_factory=RestrictedFeatures)
         # this server's own: the largest request message, open connections (0: half the file
-        # descriptors allowed), how long a new connection has for HTTP/2's preface, and the engine
+        # descriptors allowed), how long a new connection has for HTTP/2's preface (and a frame other
+        # than DATA, once begun, to be complete), how long a DATA frame has, and the engine
         # ("builtin", or "grpcio" with grpc.aio server options)
         max_input_size: int = grpc_server.DEFAULT_MAX_INPUT_SIZE
         max_connections: int = 0
         preface_timeout_s: float = 10.0
+        data_timeout_s: float = 60.0
         engine: str = "builtin"
         grpcio_options: list | None = None
 
@@ -190,7 +192,7 @@ class KServeGrpc(_Service):
         keepalive = Keepalive.from_triton_ms(
             o.keepalive_time_ms, o.keepalive_timeout_ms, o.keepalive_permit_without_calls, o.max_connection_age_ms,
             o.max_connection_age_grace_ms, o.http2_min_recv_ping_interval_without_data_ms, o.http2_max_ping_strikes,
-            preface_timeout=o.preface_timeout_s)
+            preface_timeout=o.preface_timeout_s, data_timeout=o.data_timeout_s)
         return GrpcListener(GrpcSettings(
             o.address, o.port, tls, keepalive, o.restricted_features._restrictions("restricted_features",
                                                                                    GRPC_HEADER_PREFIX),
