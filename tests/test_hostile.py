@@ -509,3 +509,81 @@ def test_a_large_json_body_is_decoded_without_stalling_others(server):
 
     status, _, raw = http_request(server.http_port, "POST", "/v2/models/add_py/infer", json.dumps(doc).encode())
     assert status == 200 and json.loads(raw)["outputs"][0]["data"] == (a + a).ravel().tolist()
+
+
+def _raw_http(port: int, request: bytes) -> bytes:
+    """Send `request` and read the answer until the server closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(1 << 16):
+            data += chunk
+        return data
+
+
+def test_request_heads_over_the_limits_are_refused_and_those_within_are_served(server):
+    from tritonmp.frontends.http_protocol import MAX_HEAD, MAX_LINE
+
+    port = server.http_port
+    assert http_request(port, "GET", "/v2/health/ready", headers={"X-Big": "a" * (MAX_LINE - 100)})[0] == 200
+    answer = _raw_http(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX-Big: %s\r\n\r\n" % (b"a" * MAX_LINE))
+    assert answer.startswith(b"HTTP/1.1 431 ") and b"the request's header 'X-Big' is longer than" in answer
+    answer = _raw_http(port, b"GET /v2/health/ready?%s HTTP/1.1\r\nHost: x\r\n\r\n" % (b"a" * MAX_LINE))
+    assert answer.startswith(b"HTTP/1.1 414 ")
+    many = b"".join(b"X-H%d: %s\r\n" % (i, b"a" * 1000) for i in range(MAX_HEAD // 1000 + 1))
+    answer = _raw_http(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n%s\r\n" % many)
+    assert answer.startswith(b"HTTP/1.1 431 ") and b"the request's head is larger than" in answer
+    # gRPC: metadata past the soft limit fails that call, and the connection serves on
+    from hostile_clients import END_HEADERS, END_STREAM, HEADERS, Conn, call_block, h2frame, literal
+
+    from tritonmp.frontends.http2 import HEADER_LIST_SOFT
+
+    conn = Conn(server.grpc_port)
+    try:
+        for sid, size in ((1, HEADER_LIST_SOFT - 1000), (3, HEADER_LIST_SOFT + 1000), (5, 10)):
+            conn.send(h2frame(HEADERS, END_HEADERS | END_STREAM, sid, call_block() + literal(b"x-big", b"a" * size)))
+        server.wait_until(lambda: len(conn.answers) == 3, 10, "three answers")
+        assert conn.answers[1].startswith("8: the request's metadata of ") \
+            and conn.answers[1].endswith(f"exceeds the limit of {HEADER_LIST_SOFT}")
+        assert not conn.answers[0].startswith("8:") and not conn.answers[2].startswith("8:")
+        assert not conn.closed.is_set()
+    finally:
+        conn.close()
+
+
+def test_deeply_nested_json_is_a_bad_request(server):
+    deep = b"[" * 100_000 + b"]" * 100_000
+    for route in ("infer", "generate"):
+        status, _, body = http_request(server.http_port, "POST", f"/v2/models/add_py/{route}", deep)
+        assert status == 400, (route, status, body[:200])
+    assert server.get("/v2/health/ready")[0] == 200
+
+
+def test_partial_frames_are_dropped_at_their_deadline_with_the_memory_they_hold(start_server, example_repo):
+    """200 gRPC connections each stop in the middle of a 1 MiB DATA frame, and 50 in the middle of a
+    HEADERS frame: each is closed at its deadline (1 s here), the memory goes with them, and the
+    server serves throughout."""
+    from hostile_clients import DATA, END_HEADERS, HEADERS, Conn, call_block, h2frame
+
+    server = start_server([example_repo], "--http-header-timeout-secs=1", "--http-body-timeout-secs=1")
+    rss_before = _rss_mib(server.pid)
+    payload = b"\x00" + (2 << 20).to_bytes(4, "big") + b"x" * ((1 << 20) - 5)  # a frame of 1 MiB, of a 2 MiB message
+    partial_data = h2frame(HEADERS, END_HEADERS, 1, call_block("ModelInfer")) + h2frame(DATA, 0, 1, payload)[:-1]
+    partial_headers = h2frame(HEADERS, END_HEADERS, 1, call_block() * 20)[:500]
+    conns = [Conn(server.grpc_port) for _ in range(250)]
+    started = time.monotonic()
+    try:
+        for i, conn in enumerate(conns):
+            assert conn.send(partial_data if i < 200 else partial_headers)
+        peak = _rss_mib(server.pid)
+        assert _serves(server)
+        for conn in conns:
+            assert conn.closed.wait(max(0.1, started + 10 - time.monotonic())), "a partial frame was held too long"
+        assert time.monotonic() - started < 6
+        assert all(conn.goaway == 0x1 for conn in conns), [conn.goaway for conn in conns]  # PROTOCOL_ERROR
+    finally:
+        for conn in conns:
+            conn.close()
+    print(f"frontend RSS {rss_before:.0f} MiB, {peak:.0f} with 200 partial 1 MiB frames held")
+    assert peak - rss_before < 300
+    assert _serves(server)

@@ -211,3 +211,20 @@ def test_a_data_frame_that_keeps_coming_is_not_cut_by_the_deadline():
 
     h = run(go())
     assert not h.transport.closed and h.handlers[0].ended and len(b"".join(h.handlers[0].chunks)) == 100_000
+
+
+def test_a_header_block_kept_open_with_continuation_frames_has_one_deadline():
+    """Each CONTINUATION frame completes, but the block as a whole must end within the deadline."""
+    async def go():
+        h = Harness(http2.Keepalive(time=0, preface_timeout=0.3))
+        started = asyncio.get_running_loop().time()
+        await h.feed(h2frame(HEADERS, 0, 1, call_block()))
+        for _ in range(http2.MAX_CONTINUATIONS - 1):
+            if h.transport.closed:
+                break
+            await asyncio.sleep(0.1)
+            await h.feed(h2frame(CONTINUATION, 0, 1))
+        return asyncio.get_running_loop().time() - started, h
+
+    took, h = run(go())
+    assert h.transport.closed and took < 0.8 and h.transport.goaway() == http2.PROTOCOL_ERROR

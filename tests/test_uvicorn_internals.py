@@ -14,7 +14,8 @@ from tritonmp.frontends.http_protocol import GuardedHttpProtocol
 OVERRIDDEN = {
     "connection_made": ["transport"], "connection_lost": ["exc"], "data_received": ["data"],
     "_unset_keepalive_if_required": [], "on_response_complete": [], "on_message_begin": [],
-    "on_url": ["url"], "on_header": ["name", "value"], "on_headers_complete": [], "on_body": ["body"], "on_message_complete": [],
+    "on_url": ["url"], "on_header": ["name", "value"], "on_headers_complete": [], "on_body": ["body"],
+    "on_message_complete": [],
 }
 # the state of uvicorn's protocol that it reads or sets
 STATE = ["app_state", "asgi_version", "client", "connections", "cycle", "flow", "headers", "logger", "loop",

@@ -265,7 +265,7 @@ class Connection(asyncio.BufferedProtocol):
         self.peer_initial_window = DEFAULT_WINDOW
         self.send_window = DEFAULT_WINDOW
         self.recv_unacked = 0
-        self.continuing: list | None = None  # stream, its id, the first frame's flags, the block so far, its frames
+        self.continuing: list | None = None  # a header block still open (see _headers)
         self.resets: Budget | None = None  # of streams reset by the client or refused (from connection_made)
         self.control: Budget | None = None  # of frames that carry no request
         self.backlog = False  # input left for the next turn of the loop
@@ -485,21 +485,28 @@ class Connection(asyncio.BufferedProtocol):
         """Once input stops in the middle of a frame, the frame must be complete by a deadline
         (Keepalive.preface_timeout for frames other than DATA, data_timeout for DATA), counted from
         the first read after the frame before it: a client cannot hold a partial frame, or the
-        memory it takes, for longer."""
+        memory it takes, for longer. A header block counts as one frame, however many CONTINUATION
+        frames it takes."""
         if self.closed:
             return
-        if not (self.data_left or self.pad_left or self.buffer) or self.backlog:
+        continuing = self.continuing
+        if not (self.data_left or self.pad_left or self.buffer or continuing is not None) or self.backlog:
             self.stall_at = None
             return
-        if self.stall_at is not None and self.stall_mark == self.frames_done:
+        progress = self.frames_done if continuing is None else continuing[5]
+        if self.stall_at is not None and self.stall_mark == progress:
             return
         limit = self.keepalive.data_timeout if self.data_left or self.pad_left else self.keepalive.preface_timeout
         if limit <= 0:
             self.stall_at = None
             return
-        self.stall_mark = self.frames_done
+        self.stall_mark = progress
         self.stall_at = self.heard + limit
-        if "stall" not in self.timers:
+        timer = self.timers.get("stall")
+        if timer is not None and timer.when() > self.stall_at:  # it would fire too late: made again
+            timer.cancel()
+            timer = None
+        if timer is None:
             self.timers["stall"] = self.loop.call_at(self.stall_at, self._stalled)
 
     def _stalled(self) -> None:
@@ -794,13 +801,15 @@ class Connection(asyncio.BufferedProtocol):
         if flags & FLAG_END_HEADERS:
             self._header_block(stream, stream_id, flags, payload)
         else:
-            self.continuing = [stream, stream_id, flags, bytearray(payload), 0]
+            # the stream, its id, the first frame's flags, the block so far, its CONTINUATION frames, and
+            # frames_done when it began (its deadline counts from there: _watch_stall)
+            self.continuing = [stream, stream_id, flags, bytearray(payload), 0, self.frames_done]
 
     def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
         continuing = self.continuing
         if continuing is None or continuing[1] != stream_id:
             raise ProtocolError("unexpected CONTINUATION frame")
-        stream, _, first_flags, block, frames = continuing
+        stream, _, first_flags, block, frames, _ = continuing
         block += payload
         if len(block) > HEADER_LIST_HARD:
             raise ProtocolError("header block too large", ENHANCE_YOUR_CALM)

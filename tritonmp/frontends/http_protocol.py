@@ -418,7 +418,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._deadline = None
         if self._phase is not _BODY and not self._draining:  # in a head, or before one
             allowed = MAX_HEAD - self._head_bytes
-            if len(data) > allowed:  # the parser gets no more of one head than MAX_HEAD
+            if len(data) > allowed and data.find(b"\r\n\r\n", 0, max(0, allowed) + 3) < 0:
+                # the parser gets no more of one head than MAX_HEAD
                 heads = self._heads
                 if allowed > 0 and not self._feed(data[:allowed]):
                     return
