@@ -139,3 +139,28 @@ def test_the_status_page_shows_what_is_resident(start_server, repo, tmp_path):
     assert re.search(r'id="residency-card"(?! hidden)[^>]*>', dom)  # shown where models load on demand
     assert '<div class="value" id="resident">1 / 1</div>' in dom
     assert "2 loads · 1 evictions" in dom
+
+
+def test_a_stream_streams_a_decoupled_model_that_loads_on_demand(start_server, tmp_path):
+    """The first stream request for a decoupled model that is not resident yet: its responses go back
+    as they are made, not held until its request ends (here the request never ends by itself: the
+    ticker sends two responses, then waits to be cancelled)."""
+    import queue
+
+    repo = tmp_path / "repo"
+    shutil.copytree(TEST_MODELS / "ticker", repo / "ticker")
+    server = start_server([repo], "--load-on-demand")
+    assert _resident(server) == set()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    got: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        n = grpcclient.InferInput("N", [1], "INT32")
+        n.set_data_from_numpy(np.array([-2], np.int32))
+        client.async_stream_infer("ticker", [n], request_id="first")
+        answers = [got.get(timeout=30) for _ in range(2)]
+        assert [error for _, error in answers] == [None, None]
+        assert [int(result.as_numpy("I")[0]) for result, _ in answers] == [0, 1]
+    finally:
+        client.stop_stream(cancel_requests=True)
+    server.wait_until(lambda: "ticker: cancelled after 2 responses" in server.log(), 30, "the ticker's cancellation")

@@ -240,6 +240,22 @@ class ServerApi:
         except NotResident:
             pass
 
+    def decoupled(self, name: str, version: str) -> bool | None:
+        """Whether the model version answers requests as a decoupled model; None while it is not
+        resident (it loads on demand: `resolve_decoupled` tells, once it has loaded); False for a
+        model that is unknown or not ready, whose requests are refused in their turn."""
+        try:
+            return self.models.get(name, version).pool.decoupled
+        except NotResident:
+            return None
+        except ServerError:
+            return False
+
+    async def resolve_decoupled(self, name: str, version: str) -> bool:
+        """`decoupled`, after loading the model where it loads on demand; ServerError, as Triton
+        words it, for a model that is unknown or not ready."""
+        return (await self.models.resolve(name, version)).pool.decoupled
+
     async def load_for(self, name: str, version: str, endpoint: str = "This call") -> ServedVersion:
         """`model_for`, after loading the model where it loads on demand."""
         await self.models.resolve(name, version)

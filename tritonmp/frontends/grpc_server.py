@@ -177,11 +177,17 @@ class InferenceService:
         def failed(msg, e: ServerError):
             return RpcError(CODE_OF.get(e.status, Code.INTERNAL), e.message) if error_mode else error(msg, e)
 
-        async def one(item, msg, slot: asyncio.Future | None):
+        async def one(item, msg, slot: asyncio.Future | None, loads: bool):
             answers: list = []
             emit = answers.append if slot is not None else out.put_nowait
             try:
                 self.api.check_model(msg.model_name, msg.model_version)  # first, as in Triton
+                if loads and await self.api.resolve_decoupled(msg.model_name, msg.model_version):
+                    # a decoupled model that was not resident when its request came: its place in the
+                    # order is given up, and its responses go back as they are made
+                    slot.set_result([])
+                    flush()
+                    slot, emit = None, out.put_nowait
                 request = grpc_codec.decode_infer(item)
                 self._forward(request)
                 send_empty = request.empty_final
@@ -202,22 +208,17 @@ class InferenceService:
                     slot.set_result(answers)
                     flush()
 
-        def decoupled(msg) -> bool:
-            try:
-                return self.api.models.get(msg.model_name, msg.model_version).pool.decoupled
-            except ServerError:
-                return False  # its error is answered in order
-
         async def read():
             loop = asyncio.get_running_loop()
             try:
                 async for item in request_iterator:
                     msg = grpc_codec.request_message(item)
                     slot = None
-                    if not decoupled(msg):
+                    decoupled = self.api.decoupled(msg.model_name, msg.model_version)
+                    if not decoupled:  # answered in order; a model that loads first (None) until it is known
                         slot = loop.create_future()
                         ordered.append(slot)
-                    task = loop.create_task(one(item, msg, slot))
+                    task = loop.create_task(one(item, msg, slot, decoupled is None))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
             except Exception as e:  # the request stream broke (e.g. a malformed message): end the call with it
