@@ -223,6 +223,14 @@ class ServerProcess:
         self.log_file.close()
         return self.proc.returncode
 
+    def close(self) -> list[str]:
+        """Stop the server gracefully and clean up after it; the shared-memory segments it left,
+        as they were before the clean-up unlinked them (a test asserts there are none)."""
+        self.stop()
+        left = shm_segments(self.proc.pid)
+        self.cleanup()
+        return left
+
     def cleanup(self) -> None:
         """Kill whatever is left of the process group and unlink segments it left behind."""
         self.stop()
@@ -266,10 +274,8 @@ def start_server(tmp_path):
         return server
 
     yield start
-    for server in servers:
-        server.cleanup()
-    for server in servers:
-        assert not shm_segments(server.pid), f"shared memory left behind: {shm_segments(server.pid)}"
+    left = {server.pid: server.close() for server in servers}
+    assert not any(left.values()), f"shared memory left behind: {left}"
 
 
 @contextlib.contextmanager
@@ -280,8 +286,8 @@ def serving(repos: list[Path], args: list[str], tmp_path_factory) -> Iterator[Se
         s.wait_ready()
         yield s
     finally:
-        s.cleanup()
-        assert not shm_segments(s.pid), f"shared memory left behind: {shm_segments(s.pid)}"
+        left = s.close()
+        assert not left, f"shared memory left behind: {left}"
 
 
 @pytest.fixture(scope="module")

@@ -58,9 +58,17 @@ def test_onnx_batches_are_split_back_per_request(server):
         inputs = add_inputs(httpclient, a, b)
         return a + b, client.infer("add", inputs).as_numpy("C")
 
+    def executions() -> tuple[int, int]:
+        stats = httpclient.InferenceServerClient(url=server.url).get_inference_statistics("add")["model_stats"][0]
+        return stats["execution_count"], stats["inference_stats"]["success"]["count"]
+
+    runs_before, requests_before = executions()
     with ThreadPoolExecutor(12) as pool:
         for want, got in pool.map(one, range(120)):
             np.testing.assert_array_equal(got, want)
+    runs, requests = executions()
+    assert requests - requests_before == 120
+    assert runs - runs_before < 120  # some ran together: answers were split back from batches
 
 
 def test_large_tensors_round_trip(server):

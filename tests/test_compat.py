@@ -27,7 +27,6 @@ from conftest import (
     ServerProcess,
     free_ports,
     http_request,
-    shm_segments,
     wait_for,
     write_model,
 )
@@ -89,9 +88,9 @@ def both_serving(repo: Path, logs: Path, args: tuple[str, ...] = ("--load-model=
         ours.wait_until(lambda: ref.get("/v2/health/ready")[0] == 200, timeout=120, what="the reference server")
         yield ours, ref
     finally:
-        ours.cleanup()
+        left = ours.close()
         ref.stop()
-        assert not shm_segments(ours.pid)
+        assert not left, f"shared memory left behind: {left}"
 
 
 @pytest.fixture(scope="module")

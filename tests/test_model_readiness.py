@@ -14,7 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import X_TO_Y_CONFIG, ServerProcess, serving, shm_segments, wait_for, write_model
+from conftest import X_TO_Y_CONFIG, ServerProcess, serving, wait_for, write_model
 
 READINESS_MODEL = """
 import asyncio
@@ -208,5 +208,5 @@ def test_strict_readiness_asks_every_models_own_check(tmp_path):
         assert _ready(server, "says_yes") == (True, True)
         assert server.get("/v2/health/ready")[0] == 400
     finally:
-        server.cleanup()
-        assert not shm_segments(server.pid)
+        left = server.close()
+        assert not left, f"shared memory left behind: {left}"

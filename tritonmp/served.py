@@ -1,12 +1,12 @@
 """What the frontends, the server API, metrics, the status page and statistics may ask of a served
 model version, as one typed contract.
 
-A model's version (repository.model_manager.ModelVersion: instance pools of worker processes) and
+A model's version (lifecycle.model_version.ModelVersion: instance pools of worker processes) and
 an ensemble's (scheduling.ensemble.EnsembleVersion: steps run in the frontend) both implement it in
 full; the model manager serves every version as a ServedVersion, so the type checker (`make test`
-runs mypy) refuses a version kind that lacks a member any reader uses. What only a model's version
-has (its workers' control, BLS, custom metrics) is reached through ModelVersion itself, after an
-isinstance check."""
+runs mypy) refuses a version kind that lacks a member any reader uses. Readers still reach past it
+into a version's pool for some of what they show (its instances' processes, whether it is
+decoupled); those reaches are not part of this contract yet."""
 
 from __future__ import annotations
 

@@ -211,7 +211,7 @@ def decode(cls, data):
 
 
 SOCKET_ENV = "TRITONMP_WORKER_SOCKET"  # an exec'd worker's: "<its socket's fd> <the frontend's pid>"
-# Tensors smaller than this travel as ZeroMQ frames; larger ones through the arena.
+# Tensors smaller than this travel in the message, as frames after its header; larger ones through the arena.
 INLINE_LIMIT = 64 * 1024
 
 

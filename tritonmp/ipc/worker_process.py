@@ -1,5 +1,6 @@
-"""One model instance's worker process, incarnation after incarnation: started by exec with its
-arenas and its end of a socketpair, watched, restarted with backoff when it dies (restarts.py
+"""One model instance's worker process, incarnation after incarnation: started (forked from its
+backend's template, or by exec where there is none) with its arenas and its end of a socketpair,
+watched, restarted with backoff when it dies (restarts.py
 decides when, and when it is given up), asked whether it is ready, and stopped.
 
 What runs on the worker is the subclass's (instance.Instance): it routes the worker's messages
