@@ -148,5 +148,5 @@ def to_buffer(datatype: str, array: np.ndarray):
     if not array.size:
         return b""
     if datatype == "BF16":  # a dtype numpy cannot export through the buffer protocol
-        return memoryview(array.reshape(-1).view(np.uint8))
-    return memoryview(array).cast("B")
+        return array.reshape(-1).view(np.uint8).data
+    return array.data.cast("B")

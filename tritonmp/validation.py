@@ -204,15 +204,15 @@ def _check_in_order(request: InferRequest, model: str, max_batch_size: int, inpu
         if any(d > MAX_DIM for d in shape):  # shapes are int64 everywhere past this point
             raise invalid(f"{prefix}input '{t.name}' for model '{model}' has a dimension over {MAX_DIM} in its "
                           f"shape {_fmt(shape)}")
-        expected = ((-1,) if max_batch_size > 0 else ()) + cfg.dims
-        ok = len(shape) == len(expected) and all(e == -1 or e == d for e, d in zip(expected, shape))
+        expected_shape = ((-1,) if max_batch_size > 0 else ()) + cfg.dims
+        ok = len(shape) == len(expected_shape) and all(e == -1 or e == d for e, d in zip(expected_shape, shape))
         if not ok:
             note = BATCH_NOTE if max_batch_size > 0 else ""
             raise invalid(f"{prefix}unexpected shape for input '{t.name}' for model '{model}'. Expected "
-                          f"{_fmt(expected)}, got {_fmt(shape)}.{note}")
+                          f"{_fmt(expected_shape)}, got {_fmt(shape)}.{note}")
         key.append((t.name, RAGGED if cfg.ragged else tuple(shape[1:]) if max_batch_size > 0 else tuple(shape)))
         _check_size(t, prefix, model)
-    request.batch_size = batch if max_batch_size > 0 else 1
+    request.batch_size = batch if batch is not None else 1  # set (and at least 1) where max_batch_size > 0
     if request.outputs is not None:
         _check_outputs(request, model, outputs)
     # inputs in configuration order, so that merged batches line up

@@ -14,9 +14,11 @@ import asyncio
 import contextvars
 import enum
 import ssl
+import sys
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 from ..ipc.buffers import RECEIVE_POOL
 from ..logs import get_logger
@@ -57,7 +59,7 @@ class RpcError(Exception):
 
 @dataclass(frozen=True)
 class Method:
-    request_type: type  # a protobuf message class
+    request_type: Any  # a protobuf message class
     handler: Callable[..., Awaitable | AsyncIterator]
     streaming: bool = False
     # how a request message's bytes become what the handler takes (default: request_type.FromString)
@@ -267,8 +269,10 @@ class _Call(http2.StreamHandler):
     # ---- a unary call without a task ----
 
     def _start(self, request) -> None:
+        start = self.method.start
+        assert start is not None  # end() starts only a method that has its two halves
         try:
-            self.future = self.method.start(request)
+            self.future = start(request)
         except Exception as e:  # noqa: BLE001 - the call's status
             self._failed(e)
             return
@@ -278,8 +282,10 @@ class _Call(http2.StreamHandler):
         self.future = None
         if future.cancelled():
             return  # the client reset the stream or went away: nobody to answer
+        finish = self.method.finish
+        assert finish is not None  # a method with start has finish
         try:
-            data = self._frame(self.method.finish(future))
+            data = self._frame(finish(future))
         except Exception as e:  # noqa: BLE001
             self._failed(e)
             return
@@ -348,10 +354,12 @@ class _Call(http2.StreamHandler):
         try:
             if self.timeout is None:
                 await work(*args)
-            else:
+            elif sys.version_info >= (3, 11):
                 async with asyncio.timeout(self.timeout):
                     await work(*args)
-        except TimeoutError:
+            else:  # Python 3.10 has no asyncio.timeout
+                await asyncio.wait_for(work(*args), self.timeout)
+        except (TimeoutError, asyncio.TimeoutError):
             self._fail(Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
         except asyncio.CancelledError:
             pass  # the client reset the stream or went away: nobody to answer
@@ -360,7 +368,7 @@ class _Call(http2.StreamHandler):
 
     async def _unary(self, request) -> None:
         CALL_METADATA.set(self.stream.headers)  # in the call's own task
-        data = self._frame(await self.method.handler(await self._message(request)))
+        data = self._frame(await cast(Awaitable, self.method.handler(await self._message(request))))
         if not self._send_now(data):
             await self._send_rest(data)
 
@@ -423,7 +431,7 @@ class GrpcServer:
             conn.send_headers(stream, status_block(Code.RESOURCE_EXHAUSTED, message, trailers_only=True),
                               end_stream=True)
             return _Ignored()
-        method = self.methods.get(headers.get(b":path"))
+        method = self.methods.get(headers.get(b":path", b""))
         if headers.get(b":method") != b"POST" or not headers.get(b"content-type", b"").startswith(b"application/grpc"):
             conn.send_headers(stream, http2.header_block([(b":status", b"415")]), end_stream=True)
             return _Ignored()
@@ -464,7 +472,7 @@ class GrpcServer:
 class _Ignored(http2.StreamHandler):
     """A stream already answered: whatever else the client sends is dropped."""
 
-    def data(self, chunk: bytes) -> None:
+    def data(self, chunk: memoryview) -> None:
         pass
 
     def end(self) -> None:

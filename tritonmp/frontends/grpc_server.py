@@ -419,9 +419,9 @@ async def start(api: ServerApi, extensions: list[str], address: str, port: int,
     table = methods(InferenceService(api, extensions, forward))
     guard = restriction_guard(restrictions)
     if engine == "grpcio":
-        server = _GrpcioServer(table, grpcio_options, guard, max_input_size)
-        await server.start(address, port, tls)
-        return server
+        grpcio_server = _GrpcioServer(table, grpcio_options, guard, max_input_size)
+        await grpcio_server.start(address, port, tls)
+        return grpcio_server
     server = GrpcServer(table, keepalive, guard, max_input_size, max_connections)
     context = None
     if tls:

@@ -13,7 +13,7 @@ import asyncio
 import struct
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar, cast
 
 import hpack
 
@@ -70,6 +70,7 @@ TURN_SECONDS = 0.002
 LINGER_SECONDS = 1.0  # a connection ended on an error drops what its client still sends for this long,
 LINGER_BYTES = 16 << 20  # and this much, before it closes
 
+Payload = TypeVar("Payload", bytes, memoryview)  # a frame's payload: a copy, or a view of the receive buffer
 _HEAD = struct.Struct(">IBI")  # length (24 bits) and type in one word, flags, stream id
 _U32 = struct.Struct(">I")
 _SETTING = struct.Struct(">HI")
@@ -143,10 +144,17 @@ class StreamHandler(Protocol):
 
     def reset(self) -> None: ...
 
-    # Optional: a handler that gathers a large message into a buffer of its own may offer the
-    # buffer's empty part, so that the rest of a DATA payload is read from the socket straight into
-    # it: receive_into(limit) gives a view of at most `limit` bytes there, or None; received_into(n)
-    # says the first n bytes of it were filled (the same bytes data() would have been given).
+
+class DirectReceiver(StreamHandler, Protocol):
+    """A handler that gathers a large message into a buffer of its own may offer the buffer's empty
+    part, so that the rest of a DATA payload is read from the socket straight into it (the
+    connection looks for `receive_into`)."""
+
+    def receive_into(self, limit: int) -> memoryview | None:
+        """A view of at most `limit` bytes of the buffer's empty part, or None."""
+
+    def received_into(self, n: int) -> None:
+        """The first n bytes of that view were filled (the bytes data() would have been given)."""
 
 
 class Stream:
@@ -381,8 +389,9 @@ class Connection(asyncio.BufferedProtocol):
         self.heard = self.loop.time()
         self.data_left -= nbytes
         stream = self.data_stream
+        assert stream is not None  # its handler offered the buffer (get_buffer)
         try:
-            stream.handler.received_into(nbytes)
+            cast(DirectReceiver, stream.handler).received_into(nbytes)
             if not self.data_left and not self.closed:
                 self.data_stream = None
                 self.frames_done += 1
@@ -707,7 +716,7 @@ class Connection(asyncio.BufferedProtocol):
         self.last_ping = float("-inf")
         self.control.earn(CONTROL_EARNED)
 
-    def _strip_padding(self, flags: int, payload: bytes) -> bytes:
+    def _strip_padding(self, flags: int, payload: Payload) -> Payload:
         if flags & FLAG_PADDED:
             if not payload or payload[0] >= len(payload):
                 raise ProtocolError("padding exceeds the frame")

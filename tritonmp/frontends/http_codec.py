@@ -208,13 +208,13 @@ def _typed_request(header, binary: memoryview, model: str, version: str) -> tupl
     outputs = None
     if typed.outputs is not msgspec.UNSET:
         outputs = []
-        for item in typed.outputs:
-            params = item.parameters
+        for wanted in typed.outputs:
+            params = wanted.parameters
             if not params:
                 params = {}
             elif type(params) is not dict or len(params) != 1 or type(params.get("binary_data")) is not bool:
                 return None
-            outputs.append(RequestedOutput(item.name, params))
+            outputs.append(RequestedOutput(wanted.name, params))
     parameters = typed.parameters
     binary_default = False
     if not parameters:
@@ -230,11 +230,13 @@ def _typed_request(header, binary: memoryview, model: str, version: str) -> tupl
     return InferRequest(model, version, typed.id, inputs, outputs, parameters), binary_default
 
 
-def decode_infer(body: bytes, header_length: int | None, model: str, version: str) -> tuple[InferRequest, bool]:
+def decode_infer(body: bytes | memoryview, header_length: int | None, model: str,
+                 version: str) -> tuple[InferRequest, bool]:
     """The core request, and whether outputs default to binary (`binary_data_output`)."""
     if header_length is not None and not 0 <= header_length <= len(body):
         raise invalid(f"Inference-Header-Content-Length {header_length} is outside the body of "
                       f"{len(body)} bytes")
+    header: bytes | memoryview
     if header_length is None:  # all JSON: no view made unless the general decode needs one
         header, binary = body, memoryview(b"")
     else:
@@ -290,7 +292,7 @@ def _general_request(header, binary: memoryview, model: str, version: str) -> tu
             params = {}
             if "data" not in item:
                 raise invalid(f"input '{name}' has neither 'data' nor a 'binary_data_size' parameter")
-            data = _json_data(name, datatype, shape, item["data"])
+            data: bytes | memoryview | None = _json_data(name, datatype, shape, item["data"])
         elif "shared_memory_region" in params:
             check_json_shared_memory(params)
             data = None  # the server API resolves the region
@@ -354,8 +356,8 @@ def _json_values(t: Tensor):
         values = array.array(code)
         values.frombytes(t.data)
         return values.tolist()
-    values = np.frombuffer(t.data, dtype=datatypes.NUMPY_OF[datatype])
-    return values.astype(np.float64) if datatype == "FP32" else values
+    array_values = np.frombuffer(t.data, dtype=datatypes.NUMPY_OF[datatype])
+    return array_values.astype(np.float64) if datatype == "FP32" else array_values
 
 
 def encode_infer(response: InferResponse, request: InferRequest,
@@ -364,7 +366,7 @@ def encode_infer(response: InferResponse, request: InferRequest,
     binary output of LARGE_OUTPUT bytes or more, the body is a list of parts to be written in turn:
     the JSON header, then each output's own buffer (a view of the worker's arena), never joined."""
     wanted = {o.name: o.parameters for o in request.outputs} if request.outputs is not None else None
-    outputs = []
+    outputs: list[dict[str, Any]] = []
     blobs = []
     for t in response.outputs:
         data = t.data
@@ -378,12 +380,13 @@ def encode_infer(response: InferResponse, request: InferRequest,
         else:
             code = _ARRAY_CODES.get(t.datatype)
             if code is not None and len(data) <= SMALL_JSON_OUTPUT:  # _json_values' common case, written out
-                values = array.array(code)
-                values.frombytes(data)
-                values = values.tolist()
+                packed = array.array(code)
+                packed.frombytes(data)
+                values = packed.tolist()
             else:
                 values = _json_values(t)
             outputs.append({"name": t.name, "datatype": t.datatype, "shape": t.shape, "data": values})
+    doc: dict[str, Any]
     if request.id:
         doc = {"id": request.id, "model_name": response.model_name, "model_version": response.model_version}
     else:

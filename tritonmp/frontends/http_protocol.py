@@ -34,7 +34,9 @@ import asyncio
 import re
 import resource
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import httptools
 import orjson
@@ -45,6 +47,10 @@ from ..errors import ServerError, unavailable
 from ..ipc.buffers import RECEIVE_POOL
 from ..logs import get_logger
 from .header_forwarding import forwarded
+
+if TYPE_CHECKING:
+    from ..inference import InferRequest
+    from .http_infer import InferEndpoint
 
 log = get_logger("http")
 
@@ -146,7 +152,8 @@ class CoalescingTransport:
         self.pause_reading = transport.pause_reading
         self.resume_reading = transport.resume_reading
         self.get_write_buffer_size = transport.get_write_buffer_size
-        self.lingers = None  # asked before a close: True when the protocol closes the connection itself, later
+        # asked before a close: True when the protocol closes the connection itself, later
+        self.lingers: Callable[[], bool] | None = None
 
     def write(self, data) -> None:
         if not self._pending:
@@ -221,7 +228,7 @@ class FastInfer:
         self.accept_encoding = accept_encoding
         self.keep_alive = keep_alive
         self.body: list = []
-        self.request = None
+        self.request: InferRequest | None = None
         self.binary_default = False
         self.response_complete = False
         self.disconnected = False
@@ -229,8 +236,10 @@ class FastInfer:
     def start(self) -> None:
         """The body is complete: decode the request and queue it."""
         endpoint = self.protocol.fast_infer
+        assert endpoint is not None  # a FastInfer is made only where there is one
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.body = []
+        future: asyncio.Future
         try:
             mv = endpoint.model(self.model, self.version)
             if mv is None:  # not loaded yet (--load-on-demand): decoded once it is
@@ -243,9 +252,10 @@ class FastInfer:
         future.add_done_callback(self.finished)
 
     def _submit(self, endpoint, body, mv) -> asyncio.Future:
-        self.request, self.binary_default = endpoint.decode(body, self.header_length, self.model, self.version, mv)
-        self.request.cancellable = False  # nothing awaits it: its client's going is seen by the protocol
-        return endpoint.submit(self.request, self.protocol.forwarded, mv)
+        request, self.binary_default = endpoint.decode(body, self.header_length, self.model, self.version, mv)
+        request.cancellable = False  # nothing awaits it: its client's going is seen by the protocol
+        self.request = request
+        return endpoint.submit(request, self.protocol.forwarded, mv)
 
     async def _after_load(self, endpoint, body):
         mv = await endpoint.loaded(self.model, self.version)
@@ -260,10 +270,12 @@ class FastInfer:
             self._failed(error)
             return
         protocol = self.protocol
+        endpoint = protocol.fast_infer
+        assert endpoint is not None
         request, self.request = self.request, None  # and its response: outputs lent from an arena go back sooner
+        assert request is not None  # _submit set it before its future could finish
         try:
-            headers, out = protocol.fast_infer.encode(future.result(), request, self.binary_default,
-                                                      self.accept_encoding)
+            headers, out = endpoint.encode(future.result(), request, self.binary_default, self.accept_encoding)
         except Exception as e:  # noqa: BLE001
             self._failed(e)
             return
@@ -374,11 +386,11 @@ class _Drain:
 class GuardedHttpProtocol(HttpToolsProtocol):
     limits = Limits()
     max_body = 0  # the largest body received into one buffer (the application's input limit); 0: none
-    fast_infer = None  # the infer endpoint (http_infer.InferEndpoint) FastInfer serves; None: all take ASGI
-    forward = None  # the pattern of the request headers that reach models (ForwardingHttpProtocol)
+    fast_infer: InferEndpoint | None = None  # the infer endpoint FastInfer serves; None: all take ASGI
+    forward: re.Pattern | None = None  # the pattern of the request headers that reach models (ForwardingHttpProtocol)
     forwarded: dict | None = None  # the request's headers that reach its model, as parameters
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport) -> None:
         self._guard: asyncio.TimerHandle | None = None  # fires at or before the deadline
         self._guard_at = 0.0
         self._deadline: float | None = None  # loop time by which the client must have sent `_what`
@@ -389,8 +401,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._heads = 0  # heads completed
         super().connection_made(transport)
         self.flow = PipelineFlowControl(transport, self.pipeline)
-        self.transport = CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
-        self.transport.lingers = self._lingers
+        coalescing = CoalescingTransport(transport, self.loop)
+        coalescing.lingers = self._lingers
+        self.transport = coalescing  # type: ignore[assignment]
         self._draining = False
         cap = self.limits.max_connections or default_max_connections()
         if len(self.connections) > cap:
@@ -506,10 +519,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._draining = True
         self._phase = None  # the deadline is the lingering close's
         self.pipeline.clear()
-        self.parser = _Drain(self.transport)
+        self.parser = _Drain(self._coalescing)  # type: ignore[assignment]
         self.transport.write_eof()
         self._arm(LINGER_SECONDS, _LINGER)
         self.flow.resume_reading()
+
+    @property
+    def _coalescing(self) -> CoalescingTransport:
+        """The connection's transport, as connection_made wraps it."""
+        return cast(CoalescingTransport, self.transport)
 
     def _lingers(self) -> bool:
         """Asked as the connection is closed after a response (a client's `Connection: close`):
@@ -529,7 +547,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if what is _LINGER:
             log.info("closing an HTTP connection from %s that was still sending a body %.0fs after its answer",
                      f"{self.client[0]}:{self.client[1]}" if self.client else "a client", LINGER_SECONDS)
-            self.transport.close_now()
+            self._coalescing.close_now()
             return
         if what is _IDLE:  # uvicorn's keep-alive timeout
             if not self.transport.is_closing():
@@ -593,7 +611,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._phase = _BODY  # until the message is complete
         fast = self._fast_infer() if self.fast_infer is not None else None
         if fast is not None:
-            self.cycle = fast
+            self.cycle = fast  # type: ignore[assignment]  # it stands in for uvicorn's cycle
             return
         for key, value in self.headers:
             if key == b"expect" and value.lower() == b"100-continue":
@@ -603,13 +621,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.cycle is not None and self.cycle.more_body:
             length = _declared_length(self.headers)
             if LARGE_BODY <= length <= self.max_body:
-                self._body = self.scope[BODY_KEY] = ReceivedBody(length)
+                self._body = cast(dict, self.scope)[BODY_KEY] = ReceivedBody(length)
 
     def _scope(self) -> None:
         """The request's ASGI scope, as uvicorn's on_message_begin makes it."""
-        self.scope = {"type": "http", "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
-                      "http_version": "1.1", "server": self.server, "client": self.client, "scheme": self.scheme,
-                      "root_path": self.root_path, "headers": self.headers, "state": self.app_state.copy()}
+        scope = {"type": "http", "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+                 "http_version": "1.1", "server": self.server, "client": self.client, "scheme": self.scheme,
+                 "root_path": self.root_path, "headers": self.headers, "state": self.app_state.copy()}
+        self.scope = cast(Any, scope)  # uvicorn's on_headers_complete adds the method, path and query
 
     def _fast_infer(self) -> FastInfer | None:
         """A FastInfer for this request when it is an infer whose body can be taken whole without
@@ -619,6 +638,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 or (self.cycle is not None and not self.cycle.response_complete):
             return None
         endpoint = self.fast_infer
+        assert endpoint is not None  # asked only where there is one
         length = -1
         header_length = None
         accept_encoding = ""
@@ -695,7 +715,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             kept[0] = default
         return kept[1]
 
-    def fast_reply(self, cycle: FastInfer, status: int, headers: list, parts: list) -> None:
+    def fast_reply(self, cycle: FastInfer, status: int, headers: list, parts: Sequence) -> None:
         """Write a FastInfer's response: head and body in one system call."""
         if cycle.response_complete:
             return
@@ -731,7 +751,7 @@ class ForwardingHttpProtocol(GuardedHttpProtocol):
         self.forwarded = forwarded(self.forward, self.sent_headers)
         super().on_headers_complete()
         if type(self.cycle) is not FastInfer and getattr(self, "scope", None) is not None:
-            self.scope[FORWARDED_KEY] = self.forwarded
+            cast(dict, self.scope)[FORWARDED_KEY] = self.forwarded
 
 
 def protocol_class(limits: Limits, max_body: int = 0, fast_infer=None,

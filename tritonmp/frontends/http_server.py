@@ -147,7 +147,7 @@ class HttpApp:
         body = bytes(await self._read_body(receive))
         return http_codec.json_object(body) if body.strip() else {}
 
-    async def _inflate(self, body: bytes, encoding: str) -> bytes:
+    async def _inflate(self, body: bytes | memoryview, encoding: str) -> bytes | memoryview:
         encoding = encoding.strip().lower()
         if encoding in ("", "identity"):
             return body
@@ -336,7 +336,7 @@ class HttpApp:
         self.api.shm.check_allowed()  # before the body is read, as in Triton
         doc = await self._json_body(receive)
         if kind == "cuda":
-            handle = doc.get("raw_handle")
+            handle = doc.get("raw_handle") or {}  # whatever it is, only a valid one passes below
             try:
                 raw = base64.b64decode(handle["b64"], validate=True)
             except (TypeError, KeyError, binascii.Error, ValueError):

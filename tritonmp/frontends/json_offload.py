@@ -26,7 +26,7 @@ def _decode(body: bytes, model: str, version: str) -> tuple[InferRequest, bool]:
     return http_codec.decode_infer(body, None, model, version)
 
 
-async def decode_infer(body: bytes, model: str, version: str) -> tuple[InferRequest, bool]:
+async def decode_infer(body: bytes | memoryview, model: str, version: str) -> tuple[InferRequest, bool]:
     """http_codec.decode_infer of a JSON-only body, in the helper process when it is large."""
     global _pool
     if len(body) <= OFFLOAD_BYTES:

@@ -23,7 +23,7 @@ import numpy as np
 
 def fresh(nbytes: int) -> memoryview:
     """A writable, uninitialized buffer of `nbytes` bytes."""
-    return memoryview(np.empty(nbytes, np.uint8))
+    return np.empty(nbytes, np.uint8).data  # ndarray.data: memoryview(the array)
 
 
 def copy_of(view) -> memoryview:
@@ -31,7 +31,7 @@ def copy_of(view) -> memoryview:
     src = np.frombuffer(view, np.uint8)
     out = np.empty(src.nbytes, np.uint8)
     out[:] = src
-    return memoryview(out)
+    return out.data
 
 
 def nbytes(data) -> int:
@@ -82,9 +82,9 @@ class BufferPool:
                 buffers.append(buffer)
                 self._stamps.append(now)
                 self._arm()
-            return memoryview(buffer)[:nbytes]
+            return buffer.data[:nbytes]
         self._stamps[pick] = now
-        return memoryview(buffers[pick])[:nbytes]
+        return buffers[pick].data[:nbytes]
 
     def kept(self) -> int:
         return sum(b.nbytes for b in self._buffers)

@@ -59,7 +59,7 @@ class OutputArenas:
 
         def read(offset: int, nbytes: int) -> memoryview:
             if nbytes >= LEND_MIN and (owner or self._lend(arena, index, owner)):
-                return memoryview(owner[0][offset:offset + nbytes])
+                return owner[0][offset:offset + nbytes].data
             return buffers.copy_of(arena.view[offset:offset + nbytes])
 
         read.lent = owner  # type: ignore[attr-defined]

@@ -107,44 +107,45 @@ def check(config: mc.ModelConfig, graph, path: str, what: str = "ONNX model", al
                     f"{what} has {mc.DataType.Name(g.data_type)}"))
             if g.shape is None:
                 continue
+            shape: list[int] = g.shape
             if getattr(t, "allow_ragged_batch", False) or (kind == "output" and t.name in scattered):
-                if len(g.shape) != 1:  # its requests' elements one after another
+                if len(shape) != 1:  # its requests' elements one after another
                     problems.append(ConfigProblem(path, field + ".dims", f"'{t.name}' is ragged, so the {what} "
-                                                  f"takes it as one dimension, but it has {len(g.shape)}"))
+                                                  f"takes it as one dimension, but it has {len(shape)}"))
                 continue
             # what the model sees: the reshape where the config gives one
             reshaped = t.HasField("reshape")
             dims = list(t.reshape.shape) if reshaped else list(t.dims)
             field += ".reshape.shape" if reshaped else ".dims"
             full = ([-1] if batched else []) + dims
-            if len(full) != len(g.shape):
+            if len(full) != len(shape):
                 hint = ""
-                if batched and len(dims) == len(g.shape):
+                if batched and len(dims) == len(shape):
                     hint = (f"; dims exclude the batch dimension when max_batch_size > 0, so use "
-                            f"dims: {_fmt(g.shape[1:])}")
-                elif not batched and len(dims) + 1 == len(g.shape):
+                            f"dims: {_fmt(shape[1:])}")
+                elif not batched and len(dims) + 1 == len(shape):
                     hint = "; with max_batch_size 0, dims must include the batch dimension"
                 problems.append(ConfigProblem(
                     path, field,
                     f"{_fmt(dims)} for '{t.name}' with max_batch_size {config.max_batch_size} gives "
                     f"{len(full)} dimensions {_fmt(full)}, but the {what}'s '{t.name}' has "
-                    f"{len(g.shape)} dimensions {_fmt(g.shape)}{hint}"))
+                    f"{len(shape)} dimensions {_fmt(shape)}{hint}"))
                 continue
             if input_dims_free and kind == "input":
                 continue
             if batched and reshapable:
-                g = GraphTensor(g.name, g.data_type, [-1] + g.shape[1:])
-            if batched and g.shape[0] != -1:
+                shape = [-1] + shape[1:]
+            if batched and shape[0] != -1:
                 problems.append(ConfigProblem(
                     path, "max_batch_size", f"{config.max_batch_size}, but the {what}'s '{t.name}' has a "
-                    f"fixed first dimension {g.shape[0]}, so it cannot take a batch; set max_batch_size: 0 "
+                    f"fixed first dimension {shape[0]}, so it cannot take a batch; set max_batch_size: 0 "
                     f"and give the full shape in dims"))
                 continue
-            for want, have in zip(full, g.shape):
+            for want, have in zip(full, shape):
                 if want != -1 and have != -1 and want != have:
                     problems.append(ConfigProblem(
                         path, field, f"{_fmt(dims)} for '{t.name}' does not match the "
-                        f"{what}'s shape {_fmt(g.shape)}"))
+                        f"{what}'s shape {_fmt(shape)}"))
                     break
     if all_inputs:  # a state's input is the server's to give
         declared = {t.name for t in config.input} | {s.input_name for s in config.sequence_batching.state} \

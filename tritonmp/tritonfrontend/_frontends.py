@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..frontends import grpc_server
 from ..frontends.header_forwarding import compile_pattern
@@ -55,14 +56,16 @@ class _Service:
     """A network service of an in-process server: `start`, `stop` and use as a context manager,
     from the caller's thread; the listener runs on the server's loop."""
 
-    def __init__(self, server: Server, options):
+    Options: type  # each service's own Options dataclass
+
+    def __init__(self, server: Server, options: Any):
         if not isinstance(server, Server):
             raise InvalidArgumentError("server must be a tritonserver.Server")
         if not isinstance(options, self.Options):
             raise InvalidArgumentError(f"Incorrect type for options. options argument must be of type "
                                        f"{type(self).__name__}.Options")
         self.server = server
-        self.options = options
+        self.options: Any = options  # the service's own Options
         try:
             self._listener = self._listener_for(options)
         except ValueError as e:

@@ -16,6 +16,7 @@ from ._shared import SharedArrays
 from ._tensor import DataType, Tensor, parse_device
 
 if TYPE_CHECKING:
+    from ..ipc.shm_registry import ShmRef
     from ._model import Model
 
 SEQUENCE_START, SEQUENCE_END = 1, 2  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_*
@@ -75,13 +76,14 @@ def _core_tensor(name: str, tensor: Tensor, shared: SharedArrays) -> inference.T
     """An input as the core takes it: where a shared array holds it, the place (the worker reads it
     there); else a view of the caller's array (copied only where it is not contiguous). BYTES are
     serialized into Triton's length-prefixed layout; a GPU tensor is copied to the host first."""
-    array = tensor.to_host()._array
+    array = tensor.to_host().host_array
+    data: bytes | memoryview | ShmRef
     if tensor.data_type == DataType.BYTES:
         data = datatypes.serialize_bytes(array)
     else:
         if tensor.data_type == DataType.BF16:
             raise UnsupportedError("BF16 tensors are not supported by this server's in-process API yet")
-        data = shared.ref(array) or memoryview(np.ascontiguousarray(array)).cast("B")
+        data = shared.ref(array) or np.ascontiguousarray(array).data.cast("B")
     return inference.Tensor(name, tensor.data_type.name, [int(d) for d in array.shape], data)
 
 

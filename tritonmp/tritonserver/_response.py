@@ -72,6 +72,10 @@ class _Iterator:
         self._convert = _Responses(model, request.request_id or "", request._output_device())
         self._submission = model._server._engine.submit(request._core_request(), self._deliver)
 
+    def _hand_over(self, response: InferenceResponse) -> None:
+        """Give a converted response to the caller, as each kind of iterator does."""
+        raise NotImplementedError
+
     def _deliver(self, item) -> None:  # on the engine's loop
         response = self._convert.convert(item)
         if response is not None:

@@ -135,7 +135,7 @@ _live_servers: weakref.WeakSet = weakref.WeakSet()
 def _given_options(options: Options) -> dict[str, object]:
     """The Options that differ from their defaults (for the status page)."""
     default = Options()
-    given = {}
+    given: dict[str, object] = {}
     for f in dataclasses.fields(options):
         value = getattr(options, f.name)
         if value != getattr(default, f.name):
@@ -342,8 +342,8 @@ class Server:
         if options.model_load_thread_count < 1:
             raise InvalidArgumentError("Options.model_load_thread_count must be at least 1")
         defaults: dict[str, int] = {}
-        for backend, settings in options.backend_configuration.items():
-            for key, value in settings.items():
+        for backend, backend_settings in options.backend_configuration.items():
+            for key, value in backend_settings.items():
                 if key != "default-max-batch-size":
                     raise UnsupportedError(f"Options.backend_configuration[{backend!r}][{key!r}]: only "
                                            "default-max-batch-size is supported by this server")

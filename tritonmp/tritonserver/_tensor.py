@@ -126,19 +126,26 @@ class Tensor:
             return DLDeviceType.kDLCUDA, self._memory.device_id
         return DLDeviceType.kDLCPU, 0
 
+    @property
+    def host_array(self) -> np.ndarray:
+        """`_array`, for a tensor in host memory (every BYTES tensor is)."""
+        assert self._array is not None, "the tensor is in GPU memory"
+        return self._array
+
     def _numpy_type(self) -> np.dtype:
         return np.dtype(datatypes.NUMPY_OF[self.data_type.name])
 
     def to_bytes_array(self) -> np.ndarray:
         """A BYTES tensor as a numpy array of bytes objects."""
         self._check_bytes()
-        return self._array
+        return self.host_array
 
     def to_string_array(self) -> np.ndarray:
         """A BYTES tensor as a numpy array of str (decoded as UTF-8)."""
         self._check_bytes()
-        return np.array([b.decode() if isinstance(b, bytes) else str(b) for b in self._array.flat],
-                        dtype=object).reshape(self._array.shape)
+        array = self.host_array
+        return np.array([b.decode() if isinstance(b, bytes) else str(b) for b in array.flat],
+                        dtype=np.object_).reshape(array.shape)
 
     def _check_bytes(self) -> None:
         if self.data_type != DataType.BYTES:
@@ -190,7 +197,7 @@ class Tensor:
             return self
         if self.data_type == DataType.BYTES:
             raise UnsupportedError("BYTES tensors stay in host memory")
-        memory = _gpu.to_device(self._array, gpu) if self._memory is None else \
+        memory = _gpu.to_device(self.host_array, gpu) if self._memory is None else \
             _gpu.copy_to_device(self._memory, gpu)
         return Tensor(self.data_type, list(self.shape), None, memory)
 
