@@ -68,7 +68,7 @@ CONTROL_EARNED = 2
 # with reading paused, for the next turn, so one connection's flood cannot hold the others.
 TURN_SECONDS = 0.002
 LINGER_SECONDS = 1.0  # a connection ended on an error drops what its client still sends for this long,
-LINGER_BYTES = 16 << 20  # and this much, before it closes
+LINGER_BYTES = 1 << 20  # and this much (a client that floods on is reset soon), before it closes
 
 Payload = TypeVar("Payload", bytes, memoryview)  # a frame's payload: a copy, or a view of the receive buffer
 _HEAD = struct.Struct(">IBI")  # length (24 bits) and type in one word, flags, stream id
