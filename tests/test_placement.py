@@ -57,7 +57,7 @@ def test_group_naming_a_missing_gpu_fails_the_load(start_server, tmp_path, monke
 
 
 def test_kind_gpu_without_gpus_fails_the_load_with_the_reason(tmp_path):
-    from tritonmp.ipc.pool import LoadError
+    from tritonmp.instances.pool import LoadError
     from tritonmp.lifecycle.model_version import instance_specs
     from tritonmp.repository import config as cfg
 

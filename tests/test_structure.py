@@ -16,7 +16,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", ["errors", "logs", "testing", "settings", "datatypes", "inference", "gpus"]),
     ("observability", ["observability"]),
     ("model configuration", ["repository"]),
-    ("worker processes", ["ipc", "workers"]),
+    ("the wire", ["ipc"]),
+    ("worker processes and instances", ["workers", "instances"]),
     ("served versions and request checks", ["served", "validation", "classification"]),
     ("scheduling", ["scheduling"]),
     ("model lifecycle", ["lifecycle"]),
@@ -56,7 +57,7 @@ LONG_FUNCTIONS = {
                                               "runs for every request",
     "frontends/grpc_server.py:ModelStreamInfer": "one bidirectional stream: its reader, its per-request tasks and "
                                                  "its writer share the stream's state",
-    "ipc/instance.py:_on_result": "a batch's answers: decoded, counted, traced and settled in one pass, per "
+    "instances/instance.py:_on_result": "a batch's answers: decoded, counted, traced and settled in one pass, per "
                                   "request; it runs for every batch",
     "workers/main.py:run_batch": "a batch in the worker: inputs, execute, outputs in one pass, timed; it runs "
                                  "for every batch",

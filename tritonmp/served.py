@@ -21,7 +21,7 @@ from .observability.stats import ModelStats
 from .validation import TensorConfig
 
 if TYPE_CHECKING:
-    from .ipc.pool import Instance
+    from .instances.pool import Instance
 
 
 class ServedPool(Protocol):

@@ -4,7 +4,7 @@ A worker fills one output arena per batch, from offset 0. Large outputs are not 
 the frontend hands them on as numpy views of the arena (for the in-process API, to the caller; for
 HTTP and gRPC, to the response being written), and the arena is *lent* until the last view of it
 is gone. The next batch then goes to another arena of the instance; so does a batch sent while
-another is in flight (see ipc/pool.py), whose outputs must not overwrite those not read yet. An
+another is in flight (see instances/pool.py), whose outputs must not overwrite those not read yet. An
 instance has MAX_ARENAS, made and mapped by both sides when the worker starts, so that their names
 are unlinked at once (nothing is left in /dev/shm after a SIGKILL); a spare costs address space only
 until it is first written, and then keeps its pages, so it fills at memory speed. When all are

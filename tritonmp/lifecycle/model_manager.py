@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import ServerError, Status, internal, invalid, not_found, unavailable
+from ..instances.pool import LoadError, ModelServices
+from ..instances.templates import WorkerTemplates
 from ..ipc.busy_poll import BusyPoll
-from ..ipc.pool import LoadError, ModelServices
-from ..ipc.templates import WorkerTemplates
 from ..logs import get_logger
 from ..repository import config as cfg
 from ..repository.problems import ConfigProblem

@@ -12,8 +12,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..classification import read_labels
 from ..errors import unavailable
+from ..instances.pool import NO_BUSY_POLL, InstancePool, InstanceSpec, LoadError, ModelServices, PoolSettings
 from ..ipc.busy_poll import BusyPoll
-from ..ipc.pool import NO_BUSY_POLL, InstancePool, InstanceSpec, LoadError, ModelServices, PoolSettings
 from ..logs import get_logger
 from ..repository import config as cfg
 from ..repository.gpu_support import gpu_capable, why_not

@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..classification import read_labels
 from ..errors import ServerError, Status, unsupported
 from ..inference import InferRequest, InferResponse, RequestedOutput, Tensor
-from ..ipc.model_calls import ModelServices
+from ..instances.model_calls import ModelServices
 from ..logs import get_logger
 from ..observability.stats import ModelStats
 from ..repository import config as cfg

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ServerError, Status, invalid, unavailable
 from ..inference import InferRequest
-from ..ipc.pool import InstancePool
+from ..instances.pool import InstancePool
 from ..logs import get_logger
 from .precise_timer import PreciseTimer
 

@@ -32,7 +32,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from .. import datatypes, testing
 from ..errors import invalid
 from ..inference import InferRequest, Tensor
-from ..ipc.pool import Instance, InstancePool
+from ..instances.pool import Instance, InstancePool
 from ..logs import get_logger
 from .scheduler import BatchPolicy, DrainWaiters, end_unserved
 

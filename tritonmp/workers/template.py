@@ -9,7 +9,7 @@ forks it freezes its heap out of the garbage collector, whose passes would other
 object they visit, and so copy the pages the workers share.
 
 It speaks with the frontend over a SOCK_SEQPACKET socket (template_protocol.py; the frontend's
-end is ipc/templates.py):
+end is instances/templates.py):
 
 - the frontend sends FORK (a `ForkRequest`: the worker's environment) with the worker's socket as
   an SCM_RIGHTS descriptor; the template forks, and answers FORKED (`Forked`: the worker's pid, or

@@ -20,8 +20,8 @@ from collections import deque
 
 import msgspec
 
+from ..ipc import template_protocol as wire
 from ..logs import get_logger
-from . import template_protocol as wire
 
 log = get_logger("pool")
 START_TIMEOUT_S = 120.0  # a template imports a framework: torch takes seconds on a slow disk

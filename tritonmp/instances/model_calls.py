@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 from ..errors import ServerError, Status
 from ..inference import Infer, InferRequest, InferResponse, InferStream, ModelCall, RequestedOutput, Tensor
+from ..ipc import transport
+from ..ipc.channel import Channel
 from ..logs import get_logger
 from ..observability.custom_metrics import CustomMetrics
-from . import transport
-from .channel import Channel
 from .templates import WorkerTemplates
 
 log = get_logger("pool")

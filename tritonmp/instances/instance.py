@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 from ..errors import ServerError, Status
 from ..inference import InferRequest, InferResponse, Tensor
+from ..ipc import batching, transport
 from ..logs import get_logger
 from ..observability.stats import ModelStats
-from . import batching, transport
 from .model_calls import ModelCalls
 from .worker_process import InstanceSpec, LoadError, WorkerProcess
 

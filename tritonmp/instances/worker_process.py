@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ServerError, Status
+from ..ipc import transport
+from ..ipc.arena import Arena, segment_name
+from ..ipc.channel import Channel
+from ..ipc.output_arenas import OutputArenas
 from ..logs import get_logger
-from . import transport
-from .arena import Arena, segment_name
-from .channel import Channel
-from .output_arenas import OutputArenas
 from .restarts import RestartPolicy, describe_exit
 
 if TYPE_CHECKING:

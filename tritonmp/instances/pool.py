@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 from ..errors import ServerError, Status
 from ..inference import InferRequest
+from ..ipc.busy_poll import BusyPoll
 from ..observability.stats import ModelStats
 from ..repository.ragged import Ragged
 from ..repository.reshape import Reshapes
-from .busy_poll import BusyPoll
 from .instance import Instance
 from .model_calls import ModelServices
 from .worker_process import InstanceSpec, LoadError, WorkerProcess
