@@ -637,8 +637,8 @@ def test_a_server_dropped_without_stop_stops_its_workers(example_repo):
     explicit = tritonserver.ModelControlMode.EXPLICIT
     server = tritonserver.Server(model_repository=str(example_repo), model_control_mode=explicit,
                                  startup_models=["add_py"]).start(wait_until_ready=True)
-    workers = [i.proc.pid for mv in server._engine.models.models["add_py"].versions.values()
-               for i in mv.pool.instances]
+    workers = [i.pid for mv in server._engine.models.models["add_py"].versions.values() for i in mv.instances()]
+    assert workers and None not in workers
     del server
     gc.collect()
     wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"

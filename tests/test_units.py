@@ -19,6 +19,7 @@ from tritonmp import datatypes
 from tritonmp.errors import ServerError
 from tritonmp.frontends import grpc_codec, http2, http_codec, http_protocol
 from tritonmp.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+from tritonmp.instances.instance import InstanceSettings
 from tritonmp.ipc import batching, transport
 from tritonmp.ipc.arena import Arena, segment_name
 from tritonmp.ipc.busy_poll import BusyPoll
@@ -106,8 +107,8 @@ def _sent_ahead(requests: int, priorities=None, timeout_us: int = 0, max_queue_s
     ahead to it."""
     async def run():
         instance = _BusyInstance()
-        pool = SimpleNamespace(idle=deque(), instances=[instance], model_name="m", attach=lambda *hooks: None,
-                               decoupled=decoupled, senders=senders)
+        pool = SimpleNamespace(idle=deque(), instances=[instance], attach=lambda *hooks: None,
+                               settings=InstanceSettings("m", 1, {}, decoupled=decoupled, senders=senders))
         if timeout_us or max_queue_size:
             priorities_ = Priorities(default_policy=QueuePolicy(max_queue_size, default_timeout_us=timeout_us))
         else:
@@ -171,8 +172,8 @@ def _wait_for_a_batch(precise: bool) -> tuple[int, int]:
     async def run():
         sent = asyncio.get_running_loop().create_future()
         instance = SimpleNamespace(batch=None, run=lambda batch: sent.set_result(time.monotonic_ns()))
-        pool = SimpleNamespace(idle=deque([instance]), instances=[], model_name="m", attach=lambda *hooks: None,
-                               decoupled=False)
+        pool = SimpleNamespace(idle=deque([instance]), instances=[], attach=lambda *hooks: None,
+                               settings=InstanceSettings("m", 1, {}))
         scheduler = Scheduler(pool, BatchPolicy(8, True, [], max_queue_delay_ns=300_000))
         scheduler._precise_failed = not precise
         wakeups = 0

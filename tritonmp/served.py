@@ -2,62 +2,25 @@
 model version, as one typed contract.
 
 A model's version (lifecycle.model_version.ModelVersion: instance pools of worker processes) and
-an ensemble's (scheduling.ensemble.EnsembleVersion: steps run in the frontend) both implement it in
-full; the model manager serves every version as a ServedVersion, so the type checker (`make test`
-runs mypy) refuses a version kind that lacks a member any reader uses. Readers still reach past it
-into a version's pool for some of what they show (its instances' processes, whether it is
-decoupled); those reaches are not part of this contract yet."""
+an ensemble's (lifecycle.ensemble_version.EnsembleVersion: steps run in the frontend) both
+implement it in full; the model manager serves every version as a ServedVersion, so the type
+checker (`make test` runs mypy) refuses a version kind that lacks a member any reader uses, and no
+reader sees what stands behind a version (its pool, its instances, their processes)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence, Sized
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Sized
+from typing import Any, Protocol
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .inference import InferRequest, InferResponse
+from .instances.instance import InstanceSnapshot
 from .observability.stats import ModelStats
 from .validation import TensorConfig
 
-if TYPE_CHECKING:
-    from .instances.pool import Instance
-
-
-class ServedPool(Protocol):
-    """What stands behind a version: its instances (none for an ensemble) and its counters."""
-
-    @property
-    def model_name(self) -> str: ...
-
-    @property
-    def version(self) -> int: ...
-
-    @property
-    def stats(self) -> ModelStats: ...
-
-    @property
-    def instances(self) -> Sequence[Instance]: ...
-
-    @property
-    def merge(self) -> bool:
-        """Whether a batch's requests are merged into one set of tensors (every backend but python)."""
-        ...
-
-    @property
-    def decoupled(self) -> bool: ...
-
-    @property
-    def restart_count(self) -> int: ...
-
-    def sent_ahead(self) -> int:
-        """Requests in batches sent ahead to a busy instance, waiting there to run."""
-        ...
-
-    async def readiness(self) -> str:
-        """Why the version, loaded, cannot serve now (a worker restarting, the model's own readiness
-        check saying no), or "" when it can."""
-        ...
+__all__ = ["InstanceSnapshot", "ServedScheduler", "ServedVersion"]
 
 
 class ServedScheduler(Protocol):
@@ -128,7 +91,41 @@ class ServedVersion(Protocol):
         ...
 
     @property
-    def pool(self) -> ServedPool: ...
+    def decoupled(self) -> bool:
+        """Whether it may send any number of responses per request."""
+        ...
+
+    @property
+    def merge(self) -> bool:
+        """Whether a batch's requests are merged into one set of tensors (every backend whose model
+        takes a batch whole)."""
+        ...
+
+    @property
+    def stats(self) -> ModelStats:
+        """Its statistics, as Triton's statistics extension and metrics count them."""
+        ...
+
+    def queued(self) -> int:
+        """Requests waiting to run: in its scheduler's queue, or sent ahead to a busy instance."""
+        ...
+
+    def in_flight(self) -> int:
+        """Requests in the batches its instances run now."""
+        ...
+
+    def restarts(self) -> int:
+        """Restarts of its instances' workers tried since it was loaded."""
+        ...
+
+    def instances(self) -> list[InstanceSnapshot]:
+        """Its instances as they are now (none for an ensemble)."""
+        ...
+
+    async def readiness(self) -> str:
+        """Why the version, loaded, cannot serve now (a worker restarting, the model's own readiness
+        check saying no), or "" when it can."""
+        ...
 
     @property
     def scheduler(self) -> ServedScheduler: ...

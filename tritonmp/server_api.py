@@ -62,7 +62,7 @@ class ServerApi:
         if not self.models.all_ready():
             return False
         for mv in self.models.ready_versions():
-            reason = await mv.pool.readiness()
+            reason = await mv.readiness()
             if reason:
                 log.debug("Model '%s' version %d is in READY lifecycle state but failed runtime readiness check "
                           "during server readiness evaluation: %s", mv.name, mv.version, reason)
@@ -78,7 +78,7 @@ class ServerApi:
             mv = self.models.get(name, version)
         except ServerError:
             return False
-        reason = await mv.pool.readiness()
+        reason = await mv.readiness()
         if reason:  # Triton's words at its verbose level 1, which its qa greps the log for
             log.debug("Model '%s' version %d is not ready: %s", mv.name, mv.version, reason)
             return False
@@ -115,7 +115,7 @@ class ServerApi:
                 versions = [mv]
             else:
                 versions = [mv for _, mv in sorted(entry.versions.items())]
-        return {"model_stats": [mv.pool.stats.to_json() for mv in versions]}
+        return {"model_stats": [mv.stats.to_json() for mv in versions]}
 
     def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         self.shm.register_cuda(name, raw_handle, device_id, byte_size, self.settings.gpus)
@@ -207,7 +207,7 @@ class ServerApi:
             mv = self.models.get(name, version)
         except NotResident:
             return None
-        if mv.pool.decoupled:
+        if mv.decoupled:
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy; model "
                               f"'{mv.name}' may send any number of responses: use the gRPC ModelStreamInfer stream")
         return mv
@@ -245,7 +245,7 @@ class ServerApi:
         resident (it loads on demand: `resolve_decoupled` tells, once it has loaded); False for a
         model that is unknown or not ready, whose requests are refused in their turn."""
         try:
-            return self.models.get(name, version).pool.decoupled
+            return self.models.get(name, version).decoupled
         except NotResident:
             return None
         except ServerError:
@@ -254,7 +254,7 @@ class ServerApi:
     async def resolve_decoupled(self, name: str, version: str) -> bool:
         """`decoupled`, after loading the model where it loads on demand; ServerError, as Triton
         words it, for a model that is unknown or not ready."""
-        return (await self.models.resolve(name, version)).pool.decoupled
+        return (await self.models.resolve(name, version)).decoupled
 
     async def load_for(self, name: str, version: str, endpoint: str = "This call") -> ServedVersion:
         """`model_for`, after loading the model where it loads on demand."""
@@ -285,7 +285,7 @@ class ServerApi:
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse | ServerError]:
         """Every response to a request: one for most models, any number for a decoupled one."""
         mv = await self.models.resolve(request.model_name, request.model_version)
-        if not mv.pool.decoupled:
+        if not mv.decoupled:
             yield await self.infer(request)
             return
         self._prepare(mv, request)
@@ -319,7 +319,7 @@ class ServerApi:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("infer request '%s' for model '%s' version %d: batch size %d, inputs %s", request.id,
                       mv.name, mv.version, request.batch_size, [(t.name, t.datatype, t.shape) for t in request.inputs])
-        if uses_shm and mv.pool.merge:
+        if uses_shm and mv.merge:
             # the frontend never touches client shm bytes, so it cannot merge them: batch alone
             request.shape_key += (("client shm", id(request)),)
 
@@ -333,7 +333,7 @@ class ServerApi:
             key = self.cache.key(request, mv.name, mv.version)
             cached = self.cache.get(key, request, mv.name, str(mv.version)) if key is not None else None
             if cached is not None:
-                mv.pool.stats.cache_hit(time.monotonic_ns() - started, request.batch_size)
+                mv.stats.cache_hit(time.monotonic_ns() - started, request.batch_size)
                 return self._classify(mv, cached, wanted)
         if request.trace is not None:
             request.trace.mark("QUEUE_START")
@@ -341,7 +341,7 @@ class ServerApi:
         if key is not None:
             started = time.monotonic_ns()
             self.cache.put(key, response)
-            mv.pool.stats.cache_miss(time.monotonic_ns() - started)
+            mv.stats.cache_miss(time.monotonic_ns() - started)
         return self._classify(mv, response, wanted)
 
     @staticmethod

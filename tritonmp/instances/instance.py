@@ -1,41 +1,101 @@
-"""A model instance's batches: sent to its worker (one at a time, as in Triton, and one more sent
+"""A model instance: its worker process (worker_process.WorkerProcess: start, restart, stop,
+readiness), and its batches: sent to the worker (one at a time, as in Triton, and one more sent
 ahead), watched by a progress watchdog, answered from the worker's result or, where the model
 answers through response senders or streams (decoupled models), from its STREAM messages; a
-client's cancellation reaches the worker; a death fails exactly what the worker had. The process
-itself (start, restart, stop, readiness) is worker_process.WorkerProcess's.
+client's cancellation reaches the worker; a death fails exactly what the worker had.
 
 While an instance runs one batch, the scheduler may send it the next (`run_ahead`) when every
 instance is busy and that batch can grow no more: the worker finds it waiting when it is done and
-goes on without sleeping, and the frontend's send does not have to wake it. (Measured on a python
-model under wrk -c64 on 2 cores: about 3 µs less frontend CPU and 2-3 µs less worker CPU per
-request, throughput up 5-15%.) So an instance has up to two batches in flight, each with an input
-arena of its own (refilled from offset 0 for each batch) and an output arena of its own
-(`OutputArenas`).
-"""
+goes on without sleeping, and the frontend's send does not have to wake it
+(docs/performance.md). So an instance has up to two batches in flight, each with an input arena of
+its own (refilled from offset 0 for each batch) and an output arena of its own (`OutputArenas`).
+
+An instance is told how to run (InstanceSettings, the same for every instance of a version) and
+tells its pool what happens through PoolHooks."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..errors import ServerError, Status
 from ..inference import InferRequest, InferResponse, Tensor
 from ..ipc import batching, transport
+from ..ipc.busy_poll import BusyPoll
 from ..logs import get_logger
 from ..observability.stats import ModelStats
-from .model_calls import ModelCalls
-from .worker_process import InstanceSpec, LoadError, WorkerProcess
-
-if TYPE_CHECKING:
-    from .pool import InstancePool
+from ..repository.ragged import Ragged
+from ..repository.reshape import Reshapes
+from .model_calls import ModelCalls, ModelServices
+from .worker_process import InstanceSpec, LaunchSpec, LoadError, WorkerProcess
 
 log = get_logger("pool")
 # a model's own log lines (pb_utils.Logger), by level; VERBOSE is Triton's verbose level 1
 MODEL_LOG_LEVELS = {"INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR,
                     "VERBOSE": logging.DEBUG}
+NO_BUSY_POLL = BusyPoll(0)
+
+
+@dataclass(frozen=True)
+class InstanceSettings:
+    """How the instances of one model version run their batches, from its config and the server's
+    settings."""
+
+    model_name: str
+    version: int
+    output_types: dict[str, str]  # output name -> its datatype
+    merge: bool = True  # a batch's requests are merged into one set of tensors (else taken one by one)
+    senders: bool = False  # a request may be answered through its response sender
+    decoupled: bool = False  # responses stream back, any number per request
+    null_rows: bool = False  # batches may hold placeholder rows (InferRequest.null): the sequence batcher's
+    execution_timeout: float = 0.0  # seconds a batch may run before its worker is killed; 0: no limit
+    busy_poll: BusyPoll = NO_BUSY_POLL  # the server's polling window (--busy-poll-us)
+    warmup: tuple = field(default=())  # (sample name, count, request template), run before READY
+    reshapes: Reshapes | None = None  # the config's reshapes of inputs and outputs, applied at the wire
+    ragged: Ragged | None = None  # ragged inputs, batch inputs and batch outputs, of merged batches
+
+
+class PoolHooks(Protocol):
+    """What an instance tells the pool it belongs to."""
+
+    def ready(self, instance: Instance) -> None:
+        """The instance can take a batch."""
+
+    def lost(self, instance: Instance) -> None:
+        """The instance's worker died: it can take nothing until it is back."""
+
+    def progressed(self) -> None:
+        """A batch is done, and the instance runs the one sent ahead: another may be sent ahead."""
+
+    def reschedule(self, request: InferRequest) -> None:
+        """The model asked to run the request again (iterative sequences)."""
+
+    def gave_up(self, why: str) -> None:
+        """The instance's restarts are given up."""
+
+    def restart_failed(self, instance: Instance, error: LoadError) -> None:
+        """A restart of the instance's worker failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSnapshot:
+    """One instance as the status page and the metrics show it."""
+
+    name: str
+    kind: str
+    device_id: int
+    pid: int | None  # its worker's, while one is alive
+    alive: bool
+    busy: bool
+    in_flight: int  # requests in its batch in flight
+    restarts: int  # since its worker last lived long enough to count as stable
+    restarts_total: int
+    last_exit: str
+    gave_up: bool
+    up_s: float | None
 
 
 @dataclass(slots=True)
@@ -55,11 +115,17 @@ def stream_key(batch_id: int, index: int) -> int:
     return batch_id << 32 | index
 
 
-class Instance(WorkerProcess):
-    """One model instance: the batches its worker runs, and their answers."""
+class Instance:
+    """One model instance: its worker process, the batches the worker runs, and their answers."""
 
-    def __init__(self, pool: InstancePool, spec: InstanceSpec):
-        super().__init__(pool, spec)
+    def __init__(self, launch: LaunchSpec, spec: InstanceSpec, settings: InstanceSettings, stats: ModelStats,
+                 services: ModelServices, pool: PoolHooks):
+        self.spec = spec
+        self.settings = settings
+        self.stats = stats
+        self.pool = pool
+        self.services = services
+        self.worker = WorkerProcess(launch, spec, self)
         self.model_log = get_logger(f"model.{spec.name}")  # the model's pb_utils.Logger lines
         self.batch: list[InferRequest] | None = None  # the batch the worker runs
         self.running_id = 0  # its batch id
@@ -74,18 +140,62 @@ class Instance(WorkerProcess):
         # senders), by (batch id, index in the batch), until their final response
         self.streams: dict[int, InferRequest] = {}  # by stream_key(batch id, index)
         self._deadline: asyncio.TimerHandle | None = None  # the progress watchdog of the batch in flight
-        # the worker's own calls: BLS, model control, custom metrics
-        self.model_calls = ModelCalls(spec.name, pool.services, pool, lambda: self.channel, lambda: self.proc.pid)
+        # the worker's own calls: BLS, model control, custom metrics; its metrics are the pool's
+        self.model_calls = ModelCalls(spec.name, services, pool, lambda: self.worker.channel, self._pid)
 
-    def _gone(self) -> None:
-        """The worker has exited: its batch's watchdog has nothing left to watch."""
+    def _pid(self) -> int:
+        proc = self.worker.proc
+        return proc.pid if proc is not None else 0
+
+    # -- the worker process ----------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self.worker.alive
+
+    @property
+    def gave_up(self) -> bool:
+        return self.worker.gave_up
+
+    async def start(self) -> None:
+        await self.worker.start()
+
+    async def stop(self, deadline: float) -> None:
+        await self.worker.stop(deadline)
+
+    async def readiness(self) -> str:
+        return await self.worker.readiness()
+
+    def snapshot(self) -> InstanceSnapshot:
+        w = self.worker
+        pid = w.proc.pid if w.proc is not None and w.alive else None
+        return InstanceSnapshot(self.spec.name, self.spec.kind, self.spec.device_id, pid, w.alive,
+                                self.batch is not None, len(self.batch) if self.batch is not None else 0,
+                                w.restarts, w.restarts_total, w.last_exit, w.gave_up,
+                                time.monotonic() - w.started_at if w.alive else None)
+
+    # -- what the worker process tells (WorkerEvents) --------------------------------------
+    def exited(self, pid: int, reason: str, serving: bool) -> None:
+        """The worker has exited: its batch's watchdog has nothing left to watch, its model's metrics
+        lose its values, and, where it was serving (or warming up), what it had is answered."""
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
+        self.services.custom_metrics.worker_gone(pid)
+        if serving or self.warming:
+            self._lost(reason, pid)
+
+    def back(self) -> None:
+        self.pool.ready(self)
+
+    def given_up(self, why: str) -> None:
+        self.pool.gave_up(why)
+
+    def restart_failed(self, error: LoadError) -> None:
+        self.pool.restart_failed(self, error)
 
     def _lost(self, reason: str, pid: int) -> None:
         """The worker (pid) has died for `reason`: answer what it had, and end its open streams."""
-        then = "the server is shutting down" if self.stopping else "the instance is being restarted"
+        then = "the server is shutting down" if self.worker.stopping else "the instance is being restarted"
         if self.batch is not None:
             batch, self.batch = self.batch, None
             self._fail(batch, self.running_id, f"{reason} while running this request; {then}", pid)
@@ -93,22 +203,19 @@ class Instance(WorkerProcess):
             ahead, self.ahead = self.ahead, None
             self._fail(ahead.batch, ahead.batch_id, f"{reason} before it could run this request; {then}", pid)
         if self.streams:
-            err = ServerError(f"model '{self.pool.model_name}' instance '{self.spec.name}' (pid {pid}) {reason} "
+            err = ServerError(f"model '{self.settings.model_name}' instance '{self.spec.name}' (pid {pid}) {reason} "
                               "before sending its final response", Status.INTERNAL)
             streams, self.streams = self.streams, {}
             for request in streams.values():
                 self._close_stream(request, err)
-        self.pool.forget_idle(self)
-        self.pool.on_idle()  # let the scheduler see that this batch is over
+        if not self.warming:
+            self.pool.lost(self)
 
-    def _back(self) -> None:
-        self.pool.put_idle(self)
-
-    async def _warmup(self) -> None:
+    async def warm_up(self) -> None:
         """Run the model's warmup samples on this instance; any failure fails the load."""
         self.warming = True
         try:
-            for name, count, template in self.pool.warmup:
+            for name, count, template in self.settings.warmup:
                 for _ in range(count):
                     request = InferRequest(template.model_name, "", template.id, list(template.inputs), None, {})
                     request.batch_size = template.batch_size
@@ -118,48 +225,46 @@ class Instance(WorkerProcess):
                     try:
                         await request.future
                     except ServerError as e:
-                        self.proc.kill()
+                        self.worker.kill("failed its warmup")
                         raise LoadError(f"warmup '{name}' failed on instance '{self.spec.name}': {e}") from None
         finally:
             self.warming = False
 
     def _fail(self, batch: list[InferRequest], batch_id: int, what: str, pid: int) -> None:
         """Answer the requests of a batch its worker's death has lost."""
-        err = ServerError(f"model '{self.pool.model_name}' instance '{self.spec.name}' (pid {pid}) {what}",
+        err = ServerError(f"model '{self.settings.model_name}' instance '{self.spec.name}' (pid {pid}) {what}",
                           Status.INTERNAL)
         now = time.monotonic_ns()
         for index, request in enumerate(batch):
             if request.stream is not None:
                 continue  # ended with the open streams
-            if self.pool.senders and self.streams.pop(stream_key(batch_id, index), None) is None:
+            if self.settings.senders and self.streams.pop(stream_key(batch_id, index), None) is None:
                 continue  # already answered through its response sender
             if request.null:
                 continue  # a placeholder row: answered and counted nowhere
-            self.pool.stats.finished(False, request.batch_size, now - request.arrival_ns)
+            if not self.warming:  # warmup is not traffic
+                self.stats.finished(False, request.batch_size, now - request.arrival_ns)
             if not request.future.done():
                 request.future.set_exception(err)
 
-    # -- readiness -------------------------------------------------------------------------
     # -- messages from the worker ----------------------------------------------------------
     def on_message(self, kind: bytes, header: memoryview, frames: list[memoryview]) -> None:
         if kind == transport.RESULT:
             result = transport.decode(transport.Result, header)
-            if self.pool.reshapes is not None:  # the outputs in the shapes the client is given
+            if self.settings.reshapes is not None:  # the outputs in the shapes the client is given
                 for response in result.responses:
-                    self.pool.reshapes.refs_to_client(response.outputs)
+                    self.settings.reshapes.refs_to_client(response.outputs)
             self._on_result(result, frames)
         elif kind == transport.STREAM:
             stream = transport.decode(transport.StreamResponse, header)
-            if self.pool.reshapes is not None:
-                self.pool.reshapes.refs_to_client(stream.outputs)
+            if self.settings.reshapes is not None:
+                self.settings.reshapes.refs_to_client(stream.outputs)
             self._on_stream(stream, frames)
         elif kind == transport.LOG:
             line = transport.decode(transport.Log, header)
             self.model_log.log(MODEL_LOG_LEVELS.get(line.level, logging.INFO), "%s", line.message)
         elif kind in (transport.BLS, transport.BLS_CANCEL, transport.METRIC):
             self.model_calls.on_message(kind, header, frames)
-        else:
-            self._on_control(kind, header)
 
     def _on_stream(self, msg: transport.StreamResponse, frames) -> None:
         """A response sent through a response sender (any number for a decoupled model, one for a
@@ -168,11 +273,11 @@ class Instance(WorkerProcess):
         request = self.streams.get(key)
         if request is None:
             return
-        if not self.pool.decoupled:  # a python model's one response, sent through its response sender
+        if not self.settings.decoupled:  # a python model's one response, sent through its response sender
             del self.streams[key]
-            pool = self.pool
-            self._answer(request, batching.decode_one(msg, request, frames, None, pool.output_types, pool.model_name,
-                                                      str(pool.version)), pool.stats)
+            s = self.settings
+            self._answer(request, batching.decode_one(msg, request, frames, None, s.output_types, s.model_name,
+                                                      str(s.version)), self.stats)
             return
         if msg.error:
             error = ServerError(msg.error, Status[msg.error_status] if msg.error_status in Status.__members__
@@ -182,10 +287,10 @@ class Instance(WorkerProcess):
         elif not msg.empty:
             outputs = [Tensor(r.name, r.datatype, r.shape, frames[r.frame]) for r in msg.outputs
                        if request.outputs is None or r.name in {o.name for o in request.outputs}]
-            request.stream.put_nowait(InferResponse(self.pool.model_name, str(self.pool.version), request.id,
+            request.stream.put_nowait(InferResponse(self.settings.model_name, str(self.settings.version), request.id,
                                                     outputs, dict(msg.parameters), final=msg.final))
         elif msg.final:  # the final flag alone: gRPC streams send it as an empty response when asked to
-            request.stream.put_nowait(InferResponse(self.pool.model_name, str(self.pool.version), request.id,
+            request.stream.put_nowait(InferResponse(self.settings.model_name, str(self.settings.version), request.id,
                                                     [], final=True, empty=True))
         if msg.final:
             del self.streams[key]
@@ -194,10 +299,10 @@ class Instance(WorkerProcess):
     def _close_stream(self, request: InferRequest, error: ServerError | None) -> None:
         if request.stream is None:  # a request that waited for its response sender's one response
             assert error is not None, "a request ends without a response only where it streams"
-            self._answer(request, error, self.pool.stats, own_ok=not self.pool.merge)
+            self._answer(request, error, self.stats, own_ok=not self.settings.merge)
             return
         ok = error is None
-        self.pool.stats.finished(ok, request.batch_size, time.monotonic_ns() - request.arrival_ns,
+        self.stats.finished(ok, request.batch_size, time.monotonic_ns() - request.arrival_ns,
                                  queue_ns=request.queue_ns)
         if error is not None:
             error.final = True
@@ -213,23 +318,24 @@ class Instance(WorkerProcess):
         self.batch_id += 1
         if log.isEnabledFor(logging.DEBUG):
             log.debug("batch %d of %d request(s) %s to instance '%s' of model '%s'", self.batch_id, len(batch),
-                      [r.id for r in batch], self.spec.name, self.pool.model_name)
+                      [r.id for r in batch], self.spec.name, self.settings.model_name)
         self.batch = batch
         self.running_id = self.batch_id
         now = time.monotonic_ns()
         self._watch_streams(batch, self.batch_id)
-        self.batch_in, self.batch_out = 0, self.outputs.take()
-        header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arenas[0], self.batch_out,
-                                         reshapes=self.pool.reshapes, released=released, ragged=self.pool.ragged)
+        self.batch_in, self.batch_out = 0, self.worker.outputs.take()
+        s = self.settings
+        header, frames = batching.encode(self.batch_id, batch, s.merge, self.worker.in_arenas[0], self.batch_out,
+                                         reshapes=s.reshapes, released=released, ragged=s.ragged)
         self.encode_ns = time.monotonic_ns() - now
         self._started(batch, now)
-        self.channel.send(transport.EXECUTE, header, frames)
-        self.pool.busy_poll.touch()  # the answer may be near: see it without a wake-up
+        self.worker.channel.send(transport.EXECUTE, header, frames)
+        self.settings.busy_poll.touch()  # the answer may be near: see it without a wake-up
 
     def can_run_ahead(self) -> bool:
         """Whether a batch can be sent to run after the one in flight."""
-        return self.batch is not None and self.ahead is None and self.alive and not self.stopping \
-            and not self.warming and self.outputs.spare()
+        return self.batch is not None and self.ahead is None and self.worker.alive and not self.worker.stopping \
+            and not self.warming and self.worker.outputs.spare()
 
     def run_ahead(self, batch: list[InferRequest]) -> None:
         """Send a batch to run when the one in flight is done (`can_run_ahead`). Its requests start
@@ -240,20 +346,21 @@ class Instance(WorkerProcess):
         self.batch_id += 1
         if log.isEnabledFor(logging.DEBUG):
             log.debug("batch %d of %d request(s) %s sent ahead to instance '%s' of model '%s'", self.batch_id,
-                      len(batch), [r.id for r in batch], self.spec.name, self.pool.model_name)
+                      len(batch), [r.id for r in batch], self.spec.name, self.settings.model_name)
         started = time.monotonic_ns()
         self._watch_streams(batch, self.batch_id)
-        in_arena, out_arena = 1 - self.batch_in, self.outputs.take()
+        in_arena, out_arena = 1 - self.batch_in, self.worker.outputs.take()
         cancels = any(r.cancellable for r in batch)
-        header, frames = batching.encode(self.batch_id, batch, self.pool.merge, self.in_arenas[in_arena], out_arena,
-                                         in_arena, cancels, self.pool.reshapes, ragged=self.pool.ragged)
+        s = self.settings
+        header, frames = batching.encode(self.batch_id, batch, s.merge, self.worker.in_arenas[in_arena], out_arena,
+                                         in_arena, cancels, s.reshapes, ragged=s.ragged)
         self.ahead = Ahead(batch, self.batch_id, in_arena, out_arena, time.monotonic_ns() - started)
-        self.channel.send(transport.EXECUTE, header, frames)
+        self.worker.channel.send(transport.EXECUTE, header, frames)
 
     def _watch_streams(self, batch: list[InferRequest], batch_id: int) -> None:
         """Where a request may be answered through its response sender, or streams its responses:
         keep it by (batch id, index) until then, and watch for its client going."""
-        if self.pool.decoupled or self.pool.senders:
+        if self.settings.decoupled or self.settings.senders:
             watch = self._watch_cancel
             for index, request in enumerate(batch):
                 self.streams[stream_key(batch_id, index)] = request
@@ -267,21 +374,21 @@ class Instance(WorkerProcess):
             request.queue_ns = now - request.arrival_ns
             if request.trace is not None:
                 request.trace.mark("COMPUTE_START", now)
-        if self.pool.execution_timeout > 0:
-            self._deadline = asyncio.get_running_loop().call_later(self.pool.execution_timeout, self._hung)
+        if self.settings.execution_timeout > 0:
+            self._deadline = asyncio.get_running_loop().call_later(self.settings.execution_timeout, self._hung)
 
     def _next(self) -> None:
         """The batch in flight is done: start the one sent ahead, or wait for work."""
         ahead = self.ahead
         if ahead is None:
-            self.pool.put_idle(self)
+            self.pool.ready(self)
             return
         self.ahead = None
         self.batch, self.running_id, self.batch_in, self.batch_out = (ahead.batch, ahead.batch_id, ahead.in_arena,
                                                                       ahead.out_arena)
         self.encode_ns = ahead.encode_ns
         self._started(ahead.batch, time.monotonic_ns())
-        self.pool.on_idle()  # the scheduler may send the next batch ahead
+        self.pool.progressed()  # the scheduler may send the next batch ahead
 
     def _run_again(self, batch_id: int, index: int, request: InferRequest) -> None:
         """The model rescheduled the request (iterative sequences): back to the front of the queue, its
@@ -302,34 +409,35 @@ class Instance(WorkerProcess):
 
     def _cancel(self, key: int) -> None:
         """Tell the worker that the request `key` (its stream_key) is cancelled."""
-        if key in self.streams and self.channel is not None:
-            self.channel.send(transport.CANCEL, transport.encode(transport.Cancel(key >> 32, key & 0xFFFFFFFF)), [])
+        channel = self.worker.channel
+        if key in self.streams and channel is not None:
+            channel.send(transport.CANCEL, transport.encode(transport.Cancel(key >> 32, key & 0xFFFFFFFF)), [])
 
     def _hung(self) -> None:
         """The progress watchdog: a batch that does not finish in time takes its worker down."""
         self._deadline = None
-        proc = self.proc
+        proc = self.worker.proc
         if self.batch is None or proc is None or proc.returncode is not None:
             return
-        self.kill_reason = (f"did not finish a batch within {self.pool.execution_timeout:g}s "
-                            "(--execution-timeout-secs) and was killed")
-        log.error("worker %s of model '%s' version %d (pid %d) %s", self.spec.name, self.pool.model_name,
-                  self.pool.version, proc.pid, self.kill_reason)
-        proc.kill()
+        reason = (f"did not finish a batch within {self.settings.execution_timeout:g}s "
+                  "(--execution-timeout-secs) and was killed")
+        log.error("worker %s of model '%s' version %d (pid %d) %s", self.spec.name, self.settings.model_name,
+                  self.settings.version, proc.pid, reason)
+        self.worker.kill(reason)
 
     def _on_result(self, result: transport.Result, frames) -> None:
-        self.pool.busy_poll.touch()  # the client's next request may be near
+        self.settings.busy_poll.touch()  # the client's next request may be near
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
         batch, self.batch = self.batch, None
         if batch is None or result.batch_id != self.running_id:
             return
-        pool = self.pool
+        pool = self.settings
         if pool.decoupled:  # the responses come as STREAM messages; this only ends the execution
             real = [r for r in batch if not r.null] if pool.null_rows else batch
             # placeholder rows count in the batch's size, as Triton counts its null requests, but not as requests
-            pool.stats.executed(sum(r.batch_size for r in batch), 0 if result.error else len(real),
+            self.stats.executed(sum(r.batch_size for r in batch), 0 if result.error else len(real),
                                 self.encode_ns + result.input_ns, result.infer_ns, result.output_ns)
             if result.error:
                 for index, request in enumerate(batch):
@@ -339,17 +447,17 @@ class Instance(WorkerProcess):
                 for index, request in enumerate(batch):
                     if result.responses[index].rescheduled:
                         self._run_again(result.batch_id, index, request)
-            self.outputs.done(self.batch_out)
+            self.worker.outputs.done(self.batch_out)
             self._next()
             return
-        stats = pool.stats if not self.warming else ModelStats("warmup", 0)  # warmup is not traffic
+        stats = self.stats if not self.warming else ModelStats("warmup", 0)  # warmup is not traffic
         started = time.monotonic_ns()
-        read = self.outputs.reader(self.batch_out)
+        read = self.worker.outputs.reader(self.batch_out)
         try:
             responses = batching.decode(result, batch, pool.merge, frames, read, pool.output_types, pool.model_name,
                                         str(pool.version), pool.ragged)
         finally:
-            self.outputs.done(self.batch_out, read)
+            self.worker.outputs.done(self.batch_out, read)
         now = time.monotonic_ns()
         # a python model's own error response counts as a success, as Triton's python backend counts it
         own_ok = not pool.merge

@@ -18,7 +18,6 @@ from ..ipc import transport
 from ..ipc.channel import Channel
 from ..logs import get_logger
 from ..observability.custom_metrics import CustomMetrics
-from .templates import WorkerTemplates
 
 log = get_logger("pool")
 
@@ -33,7 +32,6 @@ class ModelServices:
     bls_stream: InferStream | None = None
     control: ModelCall | None = None
     custom_metrics: CustomMetrics = field(default_factory=CustomMetrics)
-    templates: WorkerTemplates | None = None  # where workers are forked from (None: each is exec'd)
 
 
 class ModelCalls:

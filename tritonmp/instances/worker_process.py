@@ -1,11 +1,12 @@
 """One model instance's worker process, incarnation after incarnation: started (forked from its
 backend's template, or by exec where there is none) with its arenas and its end of a socketpair,
-watched, restarted with backoff when it dies (restarts.py
-decides when, and when it is given up), asked whether it is ready, and stopped.
+watched, restarted with backoff when it dies (restarts.py decides when, and when it is given up),
+asked whether it is ready, and stopped.
 
-What runs on the worker is the subclass's (instance.Instance): it routes the worker's messages
-(`on_message`, handing READY, LOAD_FAILED and READINESS_RESULT back to `_on_control`), warms the
-model up (`_warmup`), and answers what a death has lost (`_gone`, `_lost`)."""
+A WorkerProcess is told once how to start (LaunchSpec, the same for every instance of a version, and
+its InstanceSpec), and tells its owner (instance.Instance) what happens through WorkerEvents: the
+worker's messages about its model, its warmup before it serves, its exit, its return after a
+restart, a restart that failed, and giving up. It keeps its own counts (restarts, last exit)."""
 
 from __future__ import annotations
 
@@ -18,33 +19,71 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from ..errors import ServerError, Status
 from ..ipc import transport
 from ..ipc.arena import Arena, segment_name
 from ..ipc.channel import Channel
 from ..ipc.output_arenas import OutputArenas
 from ..logs import get_logger
 from .restarts import RestartPolicy, describe_exit
-
-if TYPE_CHECKING:
-    from .pool import InstancePool
+from .templates import WorkerTemplates
 
 log = get_logger("pool")
 _uids = itertools.count(1)
 READINESS_TIMEOUT_S = 5.0  # how long a model's own readiness check may take, as in Triton's python backend
+CONTROL = frozenset((transport.READY, transport.LOAD_FAILED, transport.READINESS_RESULT))  # the process's own
 
 
-@dataclass
+@dataclass(frozen=True)
 class InstanceSpec:
     name: str  # Triton's instance name, e.g. add_0_0
-    kind: str  # "CPU" or "GPU"
+    kind: str  # "CPU", "GPU" or "MODEL"
     device_id: int  # GPU index for KIND_GPU, 0 otherwise
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How every worker of one model version is started."""
+
+    model_name: str
+    version: int
+    model_dir: str
+    backend: str
+    config_json: str
+    arena_bytes: int = 64 << 20
+    log_verbose: int = 0
+    gpus: tuple[int, ...] | None = None  # the server's GPUs, for KIND_MODEL instances
+    load_timeout: float = 0.0  # seconds a worker may take to load before it is killed; 0: no limit
+    heap_retain_bytes: int = 0  # memory a worker frees that it keeps for reuse (--worker-heap-retain-mb)
+    templates: WorkerTemplates | None = None  # where workers are forked from (None: each is exec'd)
 
 
 class LoadError(Exception):
     pass
+
+
+class WorkerEvents(Protocol):
+    """What a worker process tells the one who owns it."""
+
+    def on_message(self, kind: bytes, header: memoryview, frames: list[memoryview]) -> None:
+        """A message of the worker's other than READY, LOAD_FAILED and READINESS_RESULT."""
+
+    async def warm_up(self) -> None:
+        """The worker is READY: what must pass before it serves; LoadError fails the load."""
+
+    def exited(self, pid: int, reason: str, serving: bool) -> None:
+        """The worker `pid` has exited for `reason`; `serving`: it was (what it had is lost), else it
+        was still loading."""
+
+    def back(self) -> None:
+        """A restarted worker is ready for work."""
+
+    def restart_failed(self, error: LoadError) -> None:
+        """A restart failed; another follows."""
+
+    def given_up(self, why: str) -> None:
+        """Restarts are given up: the instance stays down."""
 
 
 class WorkerHandle(Protocol):
@@ -67,9 +106,10 @@ class WorkerHandle(Protocol):
 class WorkerProcess:
     """The process side of a model instance: a slot that a worker process fills."""
 
-    def __init__(self, pool: InstancePool, spec: InstanceSpec):
-        self.pool = pool
+    def __init__(self, launch: LaunchSpec, spec: InstanceSpec, events: WorkerEvents):
+        self.launch = launch
         self.spec = spec
+        self.events = events
         self.proc: WorkerHandle | None = None
         self.channel: Channel | None = None
         self.in_arenas: list[Arena] = []  # two: the batch in flight's, and the one sent ahead's
@@ -78,6 +118,7 @@ class WorkerProcess:
         self.alive = False
         self.started_at = 0.0
         self.restart_policy = RestartPolicy()
+        self.restarts_total = 0  # restarts tried since it was loaded
         self.stopping = False
         self.last_exit = ""
         self.gave_up = False
@@ -87,29 +128,13 @@ class WorkerProcess:
         self._checks = 0  # the number of the last readiness check asked
         self._watch: asyncio.Task | None = None
 
-    # -- hooks of the subclass -------------------------------------------------------------
-    def on_message(self, kind: bytes, header: memoryview, frames: list[memoryview]) -> None:
-        raise NotImplementedError
-
-    async def _warmup(self) -> None:
-        """Run the model's warmup samples; LoadError fails the load."""
-
-    def _gone(self) -> None:
-        """The worker has exited (whether it was serving or still loading)."""
-
-    def _lost(self, reason: str, pid: int) -> None:
-        """The serving worker `pid` has died for `reason`: what it had must be answered."""
-
-    def _back(self) -> None:
-        """A restarted worker is ready for work."""
-
     # -- lifecycle -------------------------------------------------------------------------
     def _prepare(self) -> tuple[socket.socket, socket.socket, dict[str, str], transport.WorkerSpec]:
         """A new incarnation's arenas, its socketpair (ours, the worker's), its environment and its
         spec (sent as the first message on its socket)."""
-        pool = self.pool
+        launch = self.launch
         uid = next(_uids)
-        arena_bytes = pool.arena_bytes
+        arena_bytes = launch.arena_bytes
         self.in_arenas = [Arena(segment_name(os.getpid(), f"{uid}-in{k or ''}"), arena_bytes, create=True)
                           for k in range(2)]
         self.outputs = OutputArenas(
@@ -117,24 +142,24 @@ class WorkerProcess:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         spec = transport.WorkerSpec(
             fd=theirs.fileno(), parent_pid=os.getpid(),
-            model_name=pool.model_name, model_version=pool.version, model_dir=pool.model_dir,
-            backend=pool.backend, config_json=pool.config_json, instance_name=self.spec.name,
+            model_name=launch.model_name, model_version=launch.version, model_dir=launch.model_dir,
+            backend=launch.backend, config_json=launch.config_json, instance_name=self.spec.name,
             kind=self.spec.kind, device_id=self.spec.device_id, in_arenas=[a.name for a in self.in_arenas],
-            out_arenas=[a.name for a in self.outputs.all], arena_bytes=arena_bytes, log_verbose=pool.log_verbose,
-            heap_retain_bytes=pool.heap_retain_bytes)
+            out_arenas=[a.name for a in self.outputs.all], arena_bytes=arena_bytes, log_verbose=launch.log_verbose,
+            heap_retain_bytes=launch.heap_retain_bytes)
         env = dict(os.environ)
         env[transport.SOCKET_ENV] = f"{theirs.fileno()} {os.getpid()}"
         if self.spec.kind == "GPU":
             env["CUDA_VISIBLE_DEVICES"] = str(self.spec.device_id)
         elif self.spec.kind == "CPU":
             env["CUDA_VISIBLE_DEVICES"] = ""
-        elif pool.gpus is not None:  # KIND_MODEL: every GPU the server may use
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in pool.gpus)
+        elif launch.gpus is not None:  # KIND_MODEL: every GPU the server may use
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in launch.gpus)
         return ours, theirs, env, spec
 
     async def start(self) -> None:
         """Start a worker and wait for READY. Raises LoadError with the worker's reason."""
-        pool = self.pool
+        launch = self.launch
         ours, theirs, env, spec = self._prepare()
         loop = asyncio.get_running_loop()
         self.ready = loop.create_future()
@@ -147,17 +172,17 @@ class WorkerProcess:
         finally:
             theirs.close()
         _, self.channel = await loop.connect_accepted_socket(
-            lambda: Channel(self.on_message, self._on_channel_lost), ours)
+            lambda: Channel(self._on_message, self._on_channel_lost), ours)
         self.channel.send(transport.SPEC, transport.encode(spec))
         self._watch = loop.create_task(self._watch_exit(self.proc))
         try:
-            ready = await asyncio.wait_for(asyncio.shield(self.ready), pool.load_timeout or None)
+            ready = await asyncio.wait_for(asyncio.shield(self.ready), launch.load_timeout or None)
         except asyncio.TimeoutError:
             self.ready.cancel()
             self.kill_reason = "was killed while loading"
             self.proc.kill()
             self._release()
-            raise LoadError(f"instance '{self.spec.name}' did not finish loading within {pool.load_timeout:g}s "
+            raise LoadError(f"instance '{self.spec.name}' did not finish loading within {launch.load_timeout:g}s "
                             "(--model-load-timeout-secs)") from None
         except LoadError:
             self._release()
@@ -167,26 +192,26 @@ class WorkerProcess:
             arena.unlink()
         self.outputs.unlink()
         try:
-            await self._warmup()
+            await self.events.warm_up()
         except LoadError:
             self._release()
             raise
         self.alive = True
         self.started_at = time.monotonic()
         log.info("worker %s of model '%s' version %d is ready (pid %d)%s", self.spec.name,
-                 pool.model_name, pool.version, self.proc.pid, f"; {ready.detail}" if ready.detail else "")
+                 launch.model_name, launch.version, self.proc.pid, f"; {ready.detail}" if ready.detail else "")
 
     async def _spawn(self, env: dict[str, str], theirs: socket.socket) -> WorkerHandle:
         """The worker process: forked from its backend's template where the server has templates
         (only what differs from the frontend's environment goes with the request), else exec'd."""
-        templates = self.pool.services.templates
+        templates = self.launch.templates
         if templates is not None:
             own = {k: v for k, v in env.items() if os.environ.get(k) != v}
             try:
-                return await templates.fork(self.pool.backend, own, theirs.fileno())
+                return await templates.fork(self.launch.backend, own, theirs.fileno())
             except OSError as e:  # the template could not start or fork it: a worker of its own, then
                 log.warning("worker %s of model '%s' is started by exec instead: %s", self.spec.name,
-                            self.pool.model_name, e)
+                            self.launch.model_name, e)
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tritonmp.workers.main", env=env, stdin=subprocess.DEVNULL,
             pass_fds=(theirs.fileno(),))
@@ -206,31 +231,29 @@ class WorkerProcess:
             self.outputs.close()
         self.in_arenas, self.outputs = [], None
 
-    async def _watch_exit(self, proc) -> None:
+    async def _watch_exit(self, proc: WorkerHandle) -> None:
         code = await proc.wait()
         if proc is not self.proc:
             return
         was_alive, self.alive = self.alive, False
-        self.pool.services.custom_metrics.worker_gone(proc.pid)
         reason = self.kill_reason or describe_exit(code)
         self.kill_reason = ""
-        self._gone()
         if self._check is not None and not self._check.done():
             self._check.set_result("Stub process is not healthy while waiting for user-defined is_ready() response")
         if self.ready is not None and not self.ready.done():
             # Triton's words for a model process that died while it loaded (its qa greps for them)
             self.ready.set_exception(LoadError(f"Stub process '{self.spec.name}' is not healthy. Its worker process "
                                                f"{reason} while loading"))
+        if not was_alive:  # a failed load: start() cleans up and reports it
+            self.events.exited(proc.pid, reason, False)
             return
-        if not was_alive:
-            return  # a failed load: start() has cleaned up and reports it
         self._release()
-        self._lost(reason, proc.pid)
+        self.events.exited(proc.pid, reason, True)
         if self.stopping:
             return
         self.last_exit = reason
         log.error("worker %s of model '%s' version %d (pid %d) %s; restarting it", self.spec.name,
-                  self.pool.model_name, self.pool.version, proc.pid, reason)
+                  self.launch.model_name, self.launch.version, proc.pid, reason)
         asyncio.get_running_loop().create_task(self._restart())
 
     @property
@@ -240,8 +263,9 @@ class WorkerProcess:
 
     def _give_up(self, reason: str) -> None:
         why = self.restart_policy.gave_up(self.spec.name, reason)
-        log.error("model '%s' version %d: %s", self.pool.model_name, self.pool.version, why)
-        self.pool.crash_looped(self, why)
+        log.error("model '%s' version %d: %s", self.launch.model_name, self.launch.version, why)
+        self.gave_up = True
+        self.events.given_up(why)
 
     async def _restart(self) -> None:
         policy = self.restart_policy
@@ -250,7 +274,7 @@ class WorkerProcess:
             return
         while not self.stopping:
             delay = policy.next_delay()
-            self.pool.restart_count += 1
+            self.restarts_total += 1
             await asyncio.sleep(delay)
             if self.stopping:
                 return
@@ -258,18 +282,21 @@ class WorkerProcess:
                 await self.start()
             except LoadError as e:
                 log.error("restarting worker %s of model '%s' failed: %s", self.spec.name,
-                          self.pool.model_name, e)
+                          self.launch.model_name, e)
                 if policy.failed(time.monotonic()):
                     self._give_up(str(e).splitlines()[0] if str(e) else "load failed")
                     return
-                if not self.pool.any_alive():
-                    # nothing can serve the queue until a restart succeeds: fail it rather than hang
-                    self.pool.on_down(ServerError(
-                        f"model '{self.pool.model_name}' version {self.pool.version} has no live instance: "
-                        f"restarting '{self.spec.name}' failed: {e}", Status.UNAVAILABLE))
+                self.events.restart_failed(e)
                 continue
-            self._back()
+            self.events.back()
             return
+
+    def kill(self, reason: str) -> None:
+        """Kill the worker; its exit is handled as a death for `reason`."""
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            self.kill_reason = reason
+            proc.kill()
 
     async def stop(self, deadline: float) -> None:
         self.stopping = True
@@ -298,7 +325,7 @@ class WorkerProcess:
         yes within READINESS_TIMEOUT_S. One check at a time: a caller that finds one in flight
         shares its answer. A check that takes too long goes on, and the next caller waits for it."""
         if not self.alive:
-            if self.pool.backend == "python":  # Triton's words, which its qa greps the log for
+            if self.launch.backend == "python":  # Triton's words, which its qa greps the log for
                 return f"Stub process '{self.spec.name}' is not healthy."
             return f"instance '{self.spec.name}' has no running worker process ({self.last_exit or 'starting'})"
         if not self.checks_readiness:
@@ -326,9 +353,11 @@ class WorkerProcess:
             check.set_result("" if answer.ready else f"Model '{self.spec.name}' is not ready (user-defined check "
                                                      "failed).")
 
-    def _on_control(self, kind: bytes, header: memoryview) -> None:
-        """READY, LOAD_FAILED or READINESS_RESULT."""
-        if kind == transport.READY:
+    def _on_message(self, kind: bytes, header: memoryview, frames: list[memoryview]) -> None:
+        """The process's own messages (READY, LOAD_FAILED, READINESS_RESULT) here; the others to its owner."""
+        if kind not in CONTROL:
+            self.events.on_message(kind, header, frames)
+        elif kind == transport.READY:
             ready = transport.decode(transport.Ready, header)
             if ready.protocol != transport.PROTOCOL_VERSION:
                 self.ready.set_exception(LoadError(f"worker speaks protocol {ready.protocol}, "

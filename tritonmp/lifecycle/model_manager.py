@@ -83,7 +83,8 @@ class ModelManager:
         self.retiring: set[ServedVersion] = set()  # replaced or unloaded, finishing their requests
         # what the models' own calls reach (the server API's infer, infer_stream and model_call, lent by
         # ServerApi.serve_models) and python models' own metric families: one for every model version
-        self.services = ModelServices(templates=WorkerTemplates() if settings.worker_start == "fork" else None)
+        self.services = ModelServices()
+        self.templates = WorkerTemplates() if settings.worker_start == "fork" else None  # where workers fork from
         self._startup: dict[str, asyncio.Task] = {}  # loads under way at startup, by model name
         # --load-on-demand: models load when first asked for, the least recently used unloaded past the budget
         self.residency = Residency(self, settings.max_resident_models, settings.max_resident_memory_bytes,
@@ -236,7 +237,8 @@ class ModelManager:
                 new[v] = EnsembleVersion(name, v, completed, self, self.services)
         else:
             for v in versions:
-                new[v] = ModelVersion(name, v, completed, specs, self.settings, self.services, self.busy_poll)
+                new[v] = ModelVersion(name, v, completed, specs, self.settings, self.services, self.busy_poll,
+                                      self.templates)
         await asyncio.gather(*(mv.load() for mv in new.values()))
         failed.update({mv.version: mv.reason for mv in new.values() if mv.state != "READY"})
         if failed:
@@ -411,8 +413,8 @@ class ModelManager:
             task.cancel()
         versions = [v for e in self.models.values() for v in e.versions.values()] + list(self.retiring)
         await asyncio.gather(*(v.stop(deadline) for v in versions))
-        if self.services.templates is not None:
-            await self.services.templates.close()
+        if self.templates is not None:
+            await self.templates.close()
         for e in self.models.values():
             if e.files_dir:
                 shutil.rmtree(e.files_dir, ignore_errors=True)

@@ -12,16 +12,27 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..classification import read_labels
 from ..errors import unavailable
-from ..instances.pool import NO_BUSY_POLL, InstancePool, InstanceSpec, LoadError, ModelServices, PoolSettings
+from ..instances.instance import NO_BUSY_POLL
+from ..instances.pool import (
+    InstancePool,
+    InstanceSettings,
+    InstanceSnapshot,
+    InstanceSpec,
+    LaunchSpec,
+    LoadError,
+    ModelServices,
+)
+from ..instances.templates import WorkerTemplates
 from ..ipc.busy_poll import BusyPoll
 from ..logs import get_logger
+from ..observability.stats import ModelStats
 from ..repository import config as cfg
 from ..repository.gpu_support import gpu_capable, why_not
 from ..repository.ragged import Ragged
 from ..repository.reshape import Reshapes
 from ..repository.warmup import warmup_requests
 from ..scheduling.scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
-from ..scheduling.sequence import SequenceScheduler
+from ..scheduling.sequence import SequenceScheduler, placeholder_rows
 from ..settings import ServerSettings
 from ..validation import TensorConfig
 
@@ -30,7 +41,8 @@ log = get_logger("models")
 
 class ModelVersion:
     def __init__(self, name: str, version: int, completed: cfg.Completed, specs: list[InstanceSpec],
-                 settings: ServerSettings, services: ModelServices, poll: BusyPoll = NO_BUSY_POLL):
+                 settings: ServerSettings, services: ModelServices, poll: BusyPoll = NO_BUSY_POLL,
+                 templates: WorkerTemplates | None = None):
         self.name = name
         self.version = version
         self.config = completed.config
@@ -46,14 +58,19 @@ class ModelVersion:
         self.outputs = {t.name: cfg.tensor_datatype(t) for t in c.output}
         self.config_json = cfg.to_json(c)
         self.labels = read_labels(completed.model_dir, c)
-        pool_settings = PoolSettings(
-            arena_bytes=settings.arena_bytes, log_verbose=settings.log_verbose, gpus=settings.gpus,
-            execution_timeout=_execution_timeout(c, settings.execution_timeout), load_timeout=settings.load_timeout,
-            heap_retain_bytes=settings.heap_retain_bytes, busy_poll=poll,
-            decoupled=c.model_transaction_policy.decoupled, warmup=warmup_requests(c, completed.model_dir),
-            reshapes=Reshapes.of(c), ragged=Ragged.of(c))
-        self.pool = InstancePool(name, version, completed.model_dir, completed.backend, json.dumps(self.config_json),
-                                 specs, self.outputs, pool_settings, services, self._crash_looped)
+        launch = LaunchSpec(
+            name, version, completed.model_dir, completed.backend, json.dumps(self.config_json),
+            arena_bytes=settings.arena_bytes, log_verbose=settings.log_verbose,
+            gpus=tuple(settings.gpus), load_timeout=settings.load_timeout,
+            heap_retain_bytes=settings.heap_retain_bytes, templates=templates)
+        one_by_one = completed.backend == "python"  # a python model takes its requests one by one
+        instance_settings = InstanceSettings(
+            name, version, self.outputs, merge=not one_by_one, senders=one_by_one,
+            decoupled=c.model_transaction_policy.decoupled, null_rows=placeholder_rows(c),
+            execution_timeout=_execution_timeout(c, settings.execution_timeout), busy_poll=poll,
+            warmup=tuple(warmup_requests(c, completed.model_dir)), reshapes=Reshapes.of(c),
+            ragged=None if one_by_one else Ragged.of(c))
+        self.pool = InstancePool(launch, instance_settings, specs, services, self._crash_looped)
         db = c.dynamic_batching if c.HasField("dynamic_batching") else None
         policy = BatchPolicy(c.max_batch_size, db is not None,
                              list(db.preferred_batch_size) if db else [],
@@ -68,6 +85,34 @@ class ModelVersion:
         else:
             self.scheduler = Scheduler(self.pool, policy, priorities=priorities_of(c),
                                        preserve_ordering=bool(db and db.preserve_ordering))
+
+    # -- what readers may ask (served.ServedVersion) ---------------------------------------
+    @property
+    def decoupled(self) -> bool:
+        return self.pool.settings.decoupled
+
+    @property
+    def merge(self) -> bool:
+        return self.pool.settings.merge
+
+    @property
+    def stats(self) -> ModelStats:
+        return self.pool.stats
+
+    def queued(self) -> int:
+        return len(self.scheduler.queue) + self.pool.sent_ahead()
+
+    def in_flight(self) -> int:
+        return self.pool.in_flight()
+
+    def restarts(self) -> int:
+        return self.pool.restarts()
+
+    def instances(self) -> list[InstanceSnapshot]:
+        return self.pool.snapshots()
+
+    async def readiness(self) -> str:
+        return await self.pool.readiness()
 
     def _crash_looped(self, why: str) -> None:
         self.state, self.reason = "UNAVAILABLE", why

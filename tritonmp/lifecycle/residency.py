@@ -59,8 +59,8 @@ class Residency:
     def loaded(self, name: str) -> None:
         """A model has loaded (on demand or otherwise): it is resident, its memory measured."""
         entry = self.manager.models.get(name)
-        pids = [i.proc.pid for mv in entry.versions.values() for i in mv.pool.instances
-                if i.proc is not None and i.alive] if entry is not None else []
+        pids = [i.pid for mv in entry.versions.values() for i in mv.instances()
+                if i.pid is not None] if entry is not None else []
         self.lru[name] = sum(pss_bytes(pid) for pid in pids)
         self.lru.move_to_end(name)
 

@@ -179,7 +179,7 @@ def render(models, system: SystemSampler) -> bytes:
     for name, kind, help_text in _MODEL_METRICS:
         out.family(name, kind, help_text)
         for mv in versions:
-            s = mv.pool.stats
+            s = mv.stats
             labels = {"model": mv.name, "version": str(mv.version)}
             if name == "nv_inference_request_success":
                 out.sample(name, s.counts["success"], **labels)
@@ -193,7 +193,7 @@ def render(models, system: SystemSampler) -> bytes:
             elif name == "nv_inference_request_duration_us":
                 out.sample(name, (s.ns["success"] + s.ns["fail"]) // 1000, **labels)
             elif name == "nv_inference_pending_request_count":
-                out.sample(name, len(mv.scheduler.queue) + mv.pool.sent_ahead(), **labels)
+                out.sample(name, mv.queued(), **labels)
             else:
                 kind_name = name[len("nv_inference_"):-len("_duration_us")]
                 out.sample(name, s.ns[kind_name] // 1000, **labels)
@@ -212,7 +212,7 @@ def render(models, system: SystemSampler) -> bytes:
     # what Triton users keep asking for
     out.family("tritonmp_batch_size", "histogram", "Batch sizes the model executed (rows per execution)")
     for mv in versions:
-        s = mv.pool.stats
+        s = mv.stats
         counts = [0] * (len(BATCH_BUCKETS) + 1)
         total = 0
         for size, entry in s.batches.items():
@@ -223,13 +223,13 @@ def render(models, system: SystemSampler) -> bytes:
     out.family("tritonmp_request_duration_us", "histogram",
                "Duration of requests from their arrival in the queue to their response, in microseconds")
     for mv in versions:
-        s = mv.pool.stats
+        s = mv.stats
         out.histogram("tritonmp_request_duration_us", LATENCY_BUCKETS_US, s.latency_buckets,
                       (s.ns["success"] + s.ns["fail"]) / 1000, model=mv.name, version=str(mv.version))
     out.family("tritonmp_queue_duration_us", "histogram",
                "Time requests waited in the model's queue before execution, in microseconds")
     for mv in versions:
-        s = mv.pool.stats
+        s = mv.stats
         out.histogram("tritonmp_queue_duration_us", LATENCY_BUCKETS_US, s.queue_buckets, s.ns["queue"] / 1000,
                       model=mv.name, version=str(mv.version))
     out.family("tritonmp_model_ready", "gauge",
@@ -261,18 +261,17 @@ def render(models, system: SystemSampler) -> bytes:
     out.family("tritonmp_model_load_duration_seconds", "gauge", "How long the model version took to load")
     for mv in versions:
         labels = {"model": mv.name, "version": str(mv.version)}
-        out.sample("tritonmp_queue_depth", len(mv.scheduler.queue) + mv.pool.sent_ahead(), **labels)
-        out.sample("tritonmp_inflight_requests",
-                   sum(len(i.batch) for i in mv.pool.instances if i.batch is not None), **labels)
-        out.sample("tritonmp_worker_restarts_total", mv.pool.restart_count, **labels)
+        out.sample("tritonmp_queue_depth", mv.queued(), **labels)
+        out.sample("tritonmp_inflight_requests", mv.in_flight(), **labels)
+        out.sample("tritonmp_worker_restarts_total", mv.restarts(), **labels)
         out.sample("tritonmp_model_load_duration_seconds", round(mv.load_seconds, 6), **labels)
     out.family("tritonmp_worker_cpu_seconds_total", "counter", "CPU time used by the worker process of an instance")
     out.family("tritonmp_worker_resident_memory_bytes", "gauge", "Resident memory of the worker process of an instance")
     for mv in versions:
-        for instance in mv.pool.instances:
-            usage = process_usage(instance.proc.pid) if instance.alive and instance.proc is not None else None
+        for instance in mv.instances():
+            usage = process_usage(instance.pid) if instance.pid is not None else None
             if usage is not None:
-                labels = {"model": mv.name, "version": str(mv.version), "instance": instance.spec.name}
+                labels = {"model": mv.name, "version": str(mv.version), "instance": instance.name}
                 out.sample("tritonmp_worker_cpu_seconds_total", round(usage[0], 3), **labels)
                 out.sample("tritonmp_worker_resident_memory_bytes", usage[1], **labels)
     usage = process_usage(os.getpid())  # the frontend, under the names every Prometheus client uses

@@ -81,10 +81,10 @@ class StatusHistory:
                 key = (mv.name, mv.version)
                 live.add(key)
                 history = self.samples.get(key)
-                if history is None or history[-1].success > mv.pool.stats.counts["success"]:  # new, or reloaded
+                if history is None or history[-1].success > mv.stats.counts["success"]:  # new, or reloaded
                     history = self.samples[key] = deque(maxlen=int(HISTORY_SECONDS / SAMPLE_SECONDS) + 1)
                     history.append(_Sample(now - SAMPLE_SECONDS))  # its counters began at zero since the last look
-                history.append(_Sample(now, mv.pool.stats))
+                history.append(_Sample(now, mv.stats))
         for key in set(self.samples) - live:  # unloaded
             del self.samples[key]
 
@@ -97,7 +97,7 @@ class StatusHistory:
         """The rates over the last WINDOW_SECONDS, and the history in SERIES_STEP-sample steps (one
         list per figure, oldest first)."""
         history = list(self.samples.get((mv.name, mv.version), ()))
-        now = _Sample(time.time(), mv.pool.stats)
+        now = _Sample(time.time(), mv.stats)
         if not history:  # loaded since the last sample: its counters began at zero since then at most
             start = _Sample(max(self.started, now.at - SAMPLE_SECONDS))
             empty: dict[str, list] = {"t": [], **{k: [] for k in _FIGURES}}
@@ -110,29 +110,24 @@ class StatusHistory:
         return window, series
 
 
-def _instance(instance) -> dict:
-    proc = instance.proc
-    return {"name": instance.spec.name, "kind": instance.spec.kind,
-            "device": instance.spec.device_id if instance.spec.kind == "GPU" else None,
-            "pid": proc.pid if proc is not None and instance.alive else None, "alive": instance.alive,
-            "busy": instance.batch is not None, "restarts": instance.restarts,
-            "last_error": instance.last_exit or None, "gave_up": instance.gave_up,
-            "up_s": round(time.monotonic() - instance.started_at, 1) if instance.alive else None}
+def _instance(i) -> dict:
+    return {"name": i.name, "kind": i.kind, "device": i.device_id if i.kind == "GPU" else None, "pid": i.pid,
+            "alive": i.alive, "busy": i.busy, "restarts": i.restarts, "last_error": i.last_exit or None,
+            "gave_up": i.gave_up, "up_s": round(i.up_s, 1) if i.up_s is not None else None}
 
 
 def _version(mv, history: StatusHistory) -> dict:
-    s = mv.pool.stats
+    s = mv.stats
     window, points = history.series(mv)
     batches = {str(size): entry[0] for size, entry in sorted(s.batches.items())}
     return {"name": mv.name, "version": str(mv.version), "state": mv.state, "reason": mv.reason or None,
             "backend": mv.backend, "max_batch_size": mv.max_batch_size,
-            "instances": [_instance(i) for i in mv.pool.instances],
+            "instances": [_instance(i) for i in mv.instances()],
             "requests": {"success": s.counts["success"], "failure": s.counts["fail"],
                          "failure_reasons": dict(s.failures), "inferences": s.inference_count,
                          "executions": s.execution_count},
-            "queue_depth": len(mv.scheduler.queue) + mv.pool.sent_ahead(),
-            "in_flight": sum(len(i.batch) for i in mv.pool.instances if i.batch is not None),
-            "worker_restarts": mv.pool.restart_count, "load_seconds": round(mv.load_seconds, 3),
+            "queue_depth": mv.queued(), "in_flight": mv.in_flight(), "worker_restarts": mv.restarts(),
+            "load_seconds": round(mv.load_seconds, 3),
             "batch_sizes": batches, "window": window, "series": points}
 
 

@@ -14,6 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..classification import read_labels
 from ..errors import ServerError, Status, unsupported
 from ..inference import InferRequest, InferResponse, RequestedOutput, Tensor
+from ..instances.instance import InstanceSnapshot
 from ..instances.model_calls import ModelServices
 from ..logs import get_logger
 from ..observability.stats import ModelStats
@@ -25,30 +26,6 @@ if TYPE_CHECKING:
     from ..lifecycle.model_manager import ModelManager
 
 log = get_logger("ensemble")
-
-
-class EnsembleSteps:
-    """What stands where a model's instance pool would: the steps, and the ensemble's own counters."""
-
-    merge = False
-    decoupled = False
-    restart_count = 0
-
-    def __init__(self, name: str, version: int, steps, services: ModelServices):
-        self.model_name = name
-        self.version = version
-        self.steps = list(steps)
-        self.stats = ModelStats(name, version)
-        self.instances: list = []  # an ensemble has no worker of its own
-        self.services = services  # the server API's infer, for the steps
-
-    def sent_ahead(self) -> int:
-        """An ensemble's requests never wait behind a running batch: none is ever sent ahead."""
-        return 0
-
-    async def readiness(self) -> str:
-        """An ensemble loaded is ready, as in Triton: its steps' models answer for themselves."""
-        return ""
 
 
 class EnsembleScheduler:
@@ -120,12 +97,35 @@ class EnsembleVersion:
         self.outputs = {t.name: cfg.tensor_datatype(t) for t in c.output}
         self.config_json = cfg.to_json(c)
         self.labels = read_labels(completed.model_dir, c)  # classifying its outputs uses its own labels
-        self.pool = EnsembleSteps(name, version, c.ensemble_scheduling.step, services)
+        self.steps = list(c.ensemble_scheduling.step)
+        self.stats = ModelStats(name, version)  # the ensemble's own counters
+        self.services = services  # the server API's infer, for the steps
         self.scheduler = EnsembleScheduler(self)
         self.manager = manager  # to find and load its composing models
 
+    # -- what readers may ask (served.ServedVersion) ---------------------------------------
+    decoupled = False
+    merge = False  # each step is a request of its own
+
+    def queued(self) -> int:
+        """Its requests never wait: each runs its steps as soon as it arrives."""
+        return 0
+
+    def in_flight(self) -> int:
+        return 0  # its steps run on the composing models' instances, and count there
+
+    def restarts(self) -> int:
+        return 0
+
+    def instances(self) -> list[InstanceSnapshot]:
+        return []  # an ensemble has no worker of its own
+
+    async def readiness(self) -> str:
+        """An ensemble loaded is ready, as in Triton: its steps' models answer for themselves."""
+        return ""
+
     def composing(self) -> list[tuple[str, str]]:
-        return [(s.model_name, str(s.model_version) if s.model_version > 0 else "") for s in self.pool.steps]
+        return [(s.model_name, str(s.model_version) if s.model_version > 0 else "") for s in self.steps]
 
     async def load(self) -> None:
         """Ready once every composing model is; in explicit mode they are loaded first, as Triton does."""
@@ -157,7 +157,7 @@ class EnsembleVersion:
         self.scheduler.fail_all(ServerError(f"ensemble '{self.name}' is unloading", Status.UNAVAILABLE))
 
     async def run(self, request: InferRequest) -> InferResponse:
-        stats = self.pool.stats
+        stats = self.stats
         try:
             response = await self._run(request)
         except ServerError:
@@ -169,7 +169,7 @@ class EnsembleVersion:
 
     async def _run(self, request: InferRequest) -> InferResponse:
         tensors: dict[str, Tensor] = {t.name: t for t in request.inputs}
-        pending = list(self.pool.steps)
+        pending = list(self.steps)
         while pending:
             ready = [s for s in pending if all(name in tensors for name in s.input_map.values())]
             if not ready:  # the config check rules this out; a composing model that omitted an output does not
@@ -206,6 +206,6 @@ class EnsembleVersion:
         outputs = [RequestedOutput(name) for name in step.output_map]
         version = str(step.model_version) if step.model_version > 0 else ""
         sub = InferRequest(step.model_name, version, request.id, inputs, outputs, dict(request.parameters))
-        infer = self.pool.services.bls
+        infer = self.services.bls
         assert infer is not None, "the server API lends its infer before serving"
         return await infer(sub)

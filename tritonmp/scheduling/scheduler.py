@@ -208,7 +208,7 @@ class Scheduler:
         level = level or p.default_level
         if level > p.levels:
             raise invalid(f"[request id: {request.id or '<id_unknown>'}] priority level {level} is out of range: model "
-                          f"'{self.pool.model_name}' has priority levels 1 to {p.levels}")
+                          f"'{self.pool.settings.model_name}' has priority levels 1 to {p.levels}")
         return level
 
     def submit(self, request: InferRequest) -> asyncio.Future:
@@ -338,7 +338,7 @@ class Scheduler:
             for request in batch:
                 self._removed(request)
             idle.popleft().run(batch)
-        if not idle and self._ahead_at and not self.pool.decoupled:
+        if not idle and self._ahead_at and not self.pool.settings.decoupled:
             self._send_ahead()
 
     def _drop_gone(self) -> None:
@@ -357,7 +357,8 @@ class Scheduler:
         python model's workers, which leave out those cancelled before their batch starts
         (Instance.run_ahead); the others' batches merge their requests' tensors, and would run them."""
         queue = self.queue
-        leaves_out_cancelled = self.pool.senders  # its workers drop a request cancelled before its batch starts
+        # its workers drop a request cancelled before its batch starts
+        leaves_out_cancelled = self.pool.settings.senders
         for instance in self.pool.instances:
             if not instance.can_run_ahead():
                 continue

@@ -103,6 +103,14 @@ def _retrieve(future: asyncio.Future) -> None:
         future.exception()
 
 
+def placeholder_rows(config: mc.ModelConfig) -> bool:
+    """Whether the model's batches may hold placeholder rows (the Direct strategy's, between the
+    slots of a batch with more than one), which run but are answered and counted nowhere."""
+    if not config.HasField("sequence_batching") or config.sequence_batching.iterative_sequence:
+        return False
+    return config.sequence_batching.WhichOneof("strategy_choice") != "oldest" and config.max_batch_size > 1
+
+
 class SequenceScheduler:
     def __init__(self, pool: InstancePool, config: mc.ModelConfig):
         self.pool = pool
@@ -125,7 +133,6 @@ class SequenceScheduler:
                                       o.max_queue_delay_microseconds * 1000)
         else:
             per_instance = max(1, config.max_batch_size)  # a slot is a row of the batch
-            pool.null_rows = per_instance > 1  # placeholders may run: answered and counted nowhere
             # a batch with fewer of its slots ready than this waits, up to the delay for its oldest request
             direct = sb.direct
             waits = direct.max_queue_delay_microseconds > 0 and direct.minimum_slot_utilization > 0
@@ -222,7 +229,7 @@ class SequenceScheduler:
             null.sequence = [None, False, False]
         null.future = asyncio.get_running_loop().create_future()
         null.future.add_done_callback(_retrieve)
-        if self.pool.decoupled:
+        if self.pool.settings.decoupled:
             null.stream = asyncio.Queue()  # what the model sends it goes nowhere
         return null
 

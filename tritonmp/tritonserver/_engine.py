@@ -57,7 +57,7 @@ class Engine(ServerRuntime):
         async def run():
             try:
                 mv = await self.models.resolve(request.model_name, request.model_version)
-                if mv.pool.decoupled:
+                if mv.decoupled:
                     async for item in self.api.infer_stream(request):
                         deliver(item)
                 else:  # one response: no async generator to drive
