@@ -18,9 +18,9 @@ from ..ipc.busy_poll import BusyPoll
 from ..logs import get_logger
 from ..repository import config as cfg
 from ..repository.problems import ConfigProblem
-from ..scheduling.ensemble import EnsembleVersion
 from ..served import ServedVersion
 from ..settings import ServerSettings
+from .ensemble_version import EnsembleVersion
 from .model_version import ModelVersion, instance_specs
 from .residency import Residency
 

@@ -19,11 +19,11 @@ from ..instances.model_calls import ModelServices
 from ..logs import get_logger
 from ..observability.stats import ModelStats
 from ..repository import config as cfg
+from ..scheduling.scheduler import transfer_outcome
 from ..validation import TensorConfig
-from .scheduler import transfer_outcome
 
 if TYPE_CHECKING:
-    from ..lifecycle.model_manager import ModelManager
+    from .model_manager import ModelManager
 
 log = get_logger("ensemble")
 
