@@ -244,7 +244,7 @@ def test_upload_paths_stay_inside_the_model_directory(tmp_path, rel):
     import shutil
     import tempfile
 
-    from tritonmp.lifecycle.model_manager import _write_files
+    from tritonmp.lifecycle.repositories import write_files
 
     base = tmp_path / "a" / "b" / "c" / "d"
     base.mkdir(parents=True, exist_ok=True)
@@ -254,7 +254,7 @@ def test_upload_paths_stay_inside_the_model_directory(tmp_path, rel):
 
     saved, tempfile.tempdir = tempfile.tempdir, str(base)
     try:
-        root, model = _write_files("m", {rel: b"x"})
+        root, model = write_files("m", {rel: b"x"})
     except ServerError as e:
         assert e.message.startswith("failed to load 'm', failed to poll from model repository: ")
         assert str(tmp_path) not in e.message and "/tmp" not in e.message  # no path of the server's disk

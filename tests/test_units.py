@@ -19,7 +19,7 @@ from tritonmp import datatypes
 from tritonmp.errors import ServerError
 from tritonmp.frontends import grpc_codec, http2, http_codec, http_protocol
 from tritonmp.inference import InferRequest, InferResponse, RequestedOutput, Tensor
-from tritonmp.instances.instance import InstanceSettings
+from tritonmp.instances.contract import InstanceSettings
 from tritonmp.ipc import batching, transport
 from tritonmp.ipc.arena import Arena, segment_name
 from tritonmp.ipc.busy_poll import BusyPoll

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .inference import InferRequest, InferResponse
-from .instances.instance import InstanceSnapshot
+from .instances.contract import InstanceSnapshot
 from .observability.stats import ModelStats
 from .validation import TensorConfig
 

@@ -10,25 +10,24 @@ goes on without sleeping, and the frontend's send does not have to wake it
 (docs/performance.md). So an instance has up to two batches in flight, each with an input arena of
 its own (refilled from offset 0 for each batch) and an output arena of its own (`OutputArenas`).
 
-An instance is told how to run (InstanceSettings, the same for every instance of a version) and
-tells its pool what happens through PoolHooks."""
+An instance is told how to run (contract.InstanceSettings, the same for every instance of a
+version), tells its pool what happens through PoolHooks, and shows itself as a
+contract.InstanceSnapshot."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import ServerError, Status
 from ..inference import InferRequest, InferResponse, Tensor
 from ..ipc import batching, transport
-from ..ipc.busy_poll import BusyPoll
 from ..logs import get_logger
 from ..observability.stats import ModelStats
-from ..repository.ragged import Ragged
-from ..repository.reshape import Reshapes
+from .contract import InstanceSettings, InstanceSnapshot
 from .model_calls import ModelCalls, ModelServices
 from .worker_process import InstanceSpec, LaunchSpec, LoadError, WorkerProcess
 
@@ -36,28 +35,6 @@ log = get_logger("pool")
 # a model's own log lines (pb_utils.Logger), by level; VERBOSE is Triton's verbose level 1
 MODEL_LOG_LEVELS = {"INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR,
                     "VERBOSE": logging.DEBUG}
-NO_BUSY_POLL = BusyPoll(0)
-
-
-@dataclass(frozen=True)
-class InstanceSettings:
-    """How the instances of one model version run their batches, from its config and the server's
-    settings."""
-
-    model_name: str
-    version: int
-    output_types: dict[str, str]  # output name -> its datatype
-    merge: bool = True  # a batch's requests are merged into one set of tensors (else taken one by one)
-    senders: bool = False  # a request may be answered through its response sender
-    decoupled: bool = False  # responses stream back, any number per request
-    null_rows: bool = False  # batches may hold placeholder rows (InferRequest.null): the sequence batcher's
-    execution_timeout: float = 0.0  # seconds a batch may run before its worker is killed; 0: no limit
-    busy_poll: BusyPoll = NO_BUSY_POLL  # the server's polling window (--busy-poll-us)
-    warmup: tuple = field(default=())  # (sample name, count, request template), run before READY
-    reshapes: Reshapes | None = None  # the config's reshapes of inputs and outputs, applied at the wire
-    ragged: Ragged | None = None  # ragged inputs, batch inputs and batch outputs, of merged batches
-
-
 class PoolHooks(Protocol):
     """What an instance tells the pool it belongs to."""
 
@@ -78,24 +55,6 @@ class PoolHooks(Protocol):
 
     def restart_failed(self, instance: Instance, error: LoadError) -> None:
         """A restart of the instance's worker failed."""
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceSnapshot:
-    """One instance as the status page and the metrics show it."""
-
-    name: str
-    kind: str
-    device_id: int
-    pid: int | None  # its worker's, while one is alive
-    alive: bool
-    busy: bool
-    in_flight: int  # requests in its batch in flight
-    restarts: int  # since its worker last lived long enough to count as stable
-    restarts_total: int
-    last_exit: str
-    gave_up: bool
-    up_s: float | None
 
 
 @dataclass(slots=True)

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from ..errors import ServerError, Status
 from ..inference import InferRequest
 from ..observability.stats import ModelStats
-from .instance import Instance, InstanceSettings, InstanceSnapshot
+from .contract import InstanceSettings, InstanceSnapshot
+from .instance import Instance
 from .model_calls import ModelServices
 from .worker_process import InstanceSpec, LaunchSpec, LoadError
 

@@ -7,25 +7,34 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..classification import read_labels
 from ..errors import ServerError, Status, unsupported
 from ..inference import InferRequest, InferResponse, RequestedOutput, Tensor
-from ..instances.instance import InstanceSnapshot
+from ..instances.contract import InstanceSnapshot
 from ..instances.model_calls import ModelServices
 from ..logs import get_logger
 from ..observability.stats import ModelStats
 from ..repository import config as cfg
 from ..scheduling.scheduler import transfer_outcome
+from ..served import ServedVersion
 from ..validation import TensorConfig
 
-if TYPE_CHECKING:
-    from .model_manager import ModelManager
-
 log = get_logger("ensemble")
+
+
+class ComposingModels(Protocol):
+    """What an ensemble asks of the models it composes (the model manager's)."""
+
+    async def ensure_loaded(self, name: str) -> None:
+        """Load the model where it is not loaded and may be (explicit mode, loading on demand)."""
+
+    def get(self, name: str, version: str = "") -> ServedVersion:
+        """The ready version; ServerError, as Triton words it, where there is none."""
+        ...
 
 
 class EnsembleScheduler:
@@ -82,7 +91,7 @@ class EnsembleVersion:
 
     backend = "ensemble"
 
-    def __init__(self, name: str, version: int, completed: cfg.Completed, manager: ModelManager,
+    def __init__(self, name: str, version: int, completed: cfg.Completed, models: ComposingModels,
                  services: ModelServices):
         c = completed.config
         self.name = name
@@ -101,7 +110,7 @@ class EnsembleVersion:
         self.stats = ModelStats(name, version)  # the ensemble's own counters
         self.services = services  # the server API's infer, for the steps
         self.scheduler = EnsembleScheduler(self)
-        self.manager = manager  # to find and load its composing models
+        self.models = models  # to find and load its composing models
 
     # -- what readers may ask (served.ServedVersion) ---------------------------------------
     decoupled = False
@@ -130,11 +139,10 @@ class EnsembleVersion:
     async def load(self) -> None:
         """Ready once every composing model is; in explicit mode they are loaded first, as Triton does."""
         started = time.monotonic()
-        assert self.manager is not None, "the model manager sets itself before loading"
         for name, version in self.composing():
             try:
-                await self.manager.ensure_loaded(name)
-                self.manager.get(name, version)
+                await self.models.ensure_loaded(name)
+                self.models.get(name, version)
             except ServerError as e:
                 self.state = "UNAVAILABLE"
                 self.reason = f"composing model '{name}' is not available: {e.message}"

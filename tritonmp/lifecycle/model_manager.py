@@ -4,14 +4,12 @@ keep its state (LOADING, READY, UNAVAILABLE with a reason), and find a model for
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 
-from ..errors import ServerError, Status, internal, invalid, not_found, unavailable
+from ..errors import ServerError, Status, invalid, not_found, unavailable
 from ..instances.pool import LoadError, ModelServices
 from ..instances.templates import WorkerTemplates
 from ..ipc.busy_poll import BusyPoll
@@ -22,6 +20,7 @@ from ..served import ServedVersion
 from ..settings import ServerSettings
 from .ensemble_version import EnsembleVersion
 from .model_version import ModelVersion, instance_specs
+from .repositories import Repositories, poll_failed, valid_model_name, write_files
 from .residency import Residency
 
 log = get_logger("models")
@@ -66,17 +65,12 @@ class ModelEntry:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-def valid_model_name(name: str) -> bool:
-    """A name that can only ever mean a directory directly inside a repository."""
-    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0") \
-        and not name.startswith(".")
-
-
 class ModelManager:
     """Loads, reloads and unloads models; `models` maps a name to what is served under it."""
 
     def __init__(self, settings: ServerSettings):
         self.settings = settings
+        self.repositories = Repositories(settings.repositories)
         self.busy_poll = BusyPoll(settings.busy_poll_us)  # one window for the server's loop
         self.models: dict[str, ModelEntry] = {}
         self._retiring: set[asyncio.Task] = set()
@@ -90,50 +84,11 @@ class ModelManager:
         self.residency = Residency(self, settings.max_resident_models, settings.max_resident_memory_bytes,
                                    settings.load_on_demand_wait) if settings.load_on_demand else None
 
-    # -- the repositories ------------------------------------------------------------------
-    def discover(self) -> dict[str, list[str]]:
-        """Model name -> the directories that hold a model of that name, repository order."""
-        found: dict[str, list[str]] = {}
-        for repo in self.settings.repositories:
-            try:
-                names = sorted(os.listdir(repo))
-            except OSError as e:
-                log.error("cannot read model repository '%s': %s", repo, e)
-                continue
-            for name in names:
-                path = os.path.join(repo, name)
-                if valid_model_name(name) and os.path.isdir(path):
-                    found.setdefault(name, []).append(path)
-        return found
-
-    def _model_dir(self, name: str) -> str:
-        if not valid_model_name(name):
-            raise internal(f"failed to load '{name}', failed to poll from model repository: not a valid "
-                           "model name")
-        dirs = self.discover().get(name)
-        if not dirs:
-            raise internal(f"failed to load '{name}', failed to poll from model repository: no model directory "
-                           f"'{name}' in the model repositories")
-        if len(dirs) > 1:
-            raise internal(f"failed to load '{name}', failed to poll from model repository: model '{name}' "
-                           f"appears in {len(dirs)} model repositories; keep one")
-        return dirs[0]
-
-    def public(self, name: str, message: str, files_dir: str = "") -> str:
-        """A load failure as clients see it: Triton's `failed to load '<name>', ` first (clients
-        match on it), and no path of this server's file system (paths inside a repository are
-        given from the repository, an uploaded model's from its own directory)."""
-        for root in sorted([*self.settings.repositories, files_dir], key=len, reverse=True):
-            if root:
-                message = message.replace(os.path.abspath(root).rstrip(os.sep) + os.sep, "")
-        prefix = f"failed to load '{name}'"
-        return message if message.startswith(prefix) else f"{prefix}, {message}"
-
     # -- loading and unloading -------------------------------------------------------------
     async def load_all(self, names: list[str] | None = None) -> None:
         """Startup: load every model (or the named ones), recording failures instead of raising. With
         --load-on-demand, only the named ones: the others load when first asked for."""
-        found = self.discover()
+        found = self.repositories.discover()
         wanted = sorted(found) if names is None or "*" in names else names
         if self.residency is not None:
             wanted = [] if names is None else wanted
@@ -183,12 +138,12 @@ class ModelManager:
         versions keep serving and the reason is raised."""
         if files:
             if config_override is None:
-                raise _poll_failed(name, "Load parameter 'config' must be specified for model file override")
+                raise poll_failed(name, "Load parameter 'config' must be specified for model file override")
             if not valid_model_name(name):
                 raise invalid(f"failed to load '{name}': not a valid model name")
-            files_dir, path = _write_files(name, files)
+            files_dir, path = write_files(name, files)
         else:
-            files_dir, path = "", self._model_dir(name)
+            files_dir, path = "", self.repositories.model_dir(name)
         entry = self.models.setdefault(name, ModelEntry(name, path))
         async with entry.lock:
             failed: dict[int, str] = {}
@@ -198,13 +153,13 @@ class ModelManager:
                 if files_dir:
                     shutil.rmtree(files_dir, ignore_errors=True)
                 log.error("%s", e.message)
-                message = self.public(name, e.message, files_dir)
+                message = self.repositories.public(name, e.message, files_dir)
                 if entry.versions:
                     for mv in entry.versions.values():
                         mv.reason = f"a later load failed, this version keeps serving: {message}"
                 else:
                     entry.problem = message
-                    entry.down.update({v: self.public(name, why, files_dir) for v, why in failed.items()})
+                    entry.down.update({v: self.repositories.public(name, why, files_dir) for v, why in failed.items()})
                 raise ServerError(message, e.status) from None
             old, old_dir = entry.versions, entry.files_dir
             entry.versions, entry.path, entry.files_dir = new, path, files_dir
@@ -278,7 +233,7 @@ class ModelManager:
 
     def index(self, ready_only: bool = False) -> list[dict]:
         rows = []
-        names = set(self.discover()) | set(self.models)
+        names = set(self.repositories.discover()) | set(self.models)
         for name in sorted(names):
             entry = self.models.get(name)
             if entry is None or (not entry.versions and not entry.down and not entry.problem):
@@ -303,21 +258,6 @@ class ModelManager:
         return rows
 
     # -- polling -----------------------------------------------------------------------------
-    def fingerprints(self) -> dict[str, tuple]:
-        """Per model directory: every file's path, size and mtime, to notice changes."""
-        out = {}
-        for name, dirs in self.discover().items():
-            items = []
-            for root, _, files in os.walk(dirs[0]):
-                for f in files:
-                    try:
-                        st = os.stat(os.path.join(root, f))
-                    except OSError:
-                        continue
-                    items.append((os.path.relpath(os.path.join(root, f), dirs[0]), st.st_size, st.st_mtime_ns))
-            out[name] = (dirs[0], tuple(sorted(items)))
-        return out
-
     async def poll(self, interval: float, seen: dict) -> None:
         """Watch the repositories: load new models, reload changed ones, unload removed ones, since
         `seen` (the fingerprints taken when the startup load ended: a change made after it, before
@@ -328,7 +268,7 @@ class ModelManager:
 
     async def poll_once(self, seen: dict) -> dict:
         """One look at the repositories since `seen` (their fingerprints then); the fingerprints now."""
-        now = self.fingerprints()
+        now = self.repositories.fingerprints()
         for name in sorted(set(seen) | set(now)):
             if name not in now:
                 await self.unload(name)
@@ -364,9 +304,6 @@ class ModelManager:
             raise not_found(f"Request for unknown model: '{name}' is not found")
         return entry
 
-    def in_repository(self, name: str) -> bool:
-        return valid_model_name(name) and any(os.path.isdir(os.path.join(r, name)) for r in self.settings.repositories)
-
     async def resolve(self, name: str, version: str = "") -> ServedVersion:
         """`get`, after loading the model where it is not resident (--load-on-demand)."""
         try:
@@ -386,7 +323,7 @@ class ModelManager:
         if residency is not None:
             entry_or_none = self.models.get(name)
             if entry_or_none is None or not entry_or_none.versions:
-                if entry_or_none is not None or self.in_repository(name):
+                if entry_or_none is not None or self.repositories.in_repository(name):
                     raise NotResident(f"model '{name}' is not loaded: it loads on its first request "
                                       "(--load-on-demand)")
             else:
@@ -426,34 +363,3 @@ class NotResident(ServerError):
 
     def __init__(self, message: str):
         super().__init__(message, Status.UNAVAILABLE)
-
-
-def _poll_failed(name: str, reason: str) -> ServerError:
-    """A load's files that cannot make a model directory: Triton's status and words (its repository
-    agent's error is a failed poll), the reason after them."""
-    return internal(f"failed to load '{name}', failed to poll from model repository: {reason}")
-
-
-def _write_files(name: str, files: dict[str, bytes]) -> tuple[str, str]:
-    """Write a load request's files into a fresh private directory; (that directory, the model dir).
-    A file that cannot be written there fails the load as a failed poll."""
-    root = tempfile.mkdtemp(prefix="tritonmp-model-")
-    model_dir = os.path.join(root, name)
-    os.makedirs(model_dir)
-    try:
-        for rel, content in files.items():
-            # "file:/1/model.py" names the same file as "file:1/model.py", as Triton takes it
-            parts = rel.replace("\\", "/").lstrip("/").split("/")
-            if not rel.strip("/") or any(p in ("", ".", "..") or "\0" in p for p in parts):
-                raise _poll_failed(name, f"file path '{rel}' must stay inside the model directory")
-            path = os.path.join(model_dir, *parts)
-            try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "wb") as f:
-                    f.write(content)
-            except OSError as e:  # a name too long, a file where a directory must go: said without our paths
-                raise _poll_failed(name, f"cannot write file '{rel}': {e.strerror}") from None
-    except BaseException:
-        shutil.rmtree(root, ignore_errors=True)
-        raise
-    return root, model_dir

@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..classification import read_labels
 from ..errors import unavailable
-from ..instances.instance import NO_BUSY_POLL
+from ..instances.contract import NO_BUSY_POLL
 from ..instances.pool import (
     InstancePool,
     InstanceSettings,
