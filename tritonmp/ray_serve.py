@@ -126,12 +126,11 @@ class TritonmpReplica:
         """Serve dropped `model_id` from this replica: unload it unless it is in use (then the
         residency budget unloads it later)."""
         self._held.discard(model_id)
-        residency = self._engine.models.residency
-        if self._engine.stopped or residency is None:
+        if self._engine.stopped or self._engine.models.residency is None:
             return
         try:
             asyncio.run_coroutine_threadsafe(
-                residency.release(model_id, "dropped from this replica by Ray Serve's model multiplexing"),
+                self._engine.models.release(model_id, "dropped from this replica by Ray Serve's model multiplexing"),
                 self._engine.loop)
         except RuntimeError:  # the engine's loop has closed
             pass

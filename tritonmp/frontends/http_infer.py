@@ -12,7 +12,7 @@ from ..errors import ServerError
 from ..inference import InferRequest, InferResponse
 from ..server_api import ServerApi
 from . import http_codec
-from .http_protocol import JSON_HEADERS, binary_headers
+from .http_headers import JSON_HEADERS, binary_headers
 
 ENDPOINT = "HTTP end point"  # as Triton names it in its refusal of a decoupled model
 

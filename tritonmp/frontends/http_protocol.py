@@ -47,6 +47,7 @@ from ..errors import ServerError, unavailable
 from ..ipc.buffers import RECEIVE_POOL
 from ..logs import get_logger
 from .header_forwarding import forwarded
+from .http_headers import JSON_HEADERS, KeptHeaders
 
 if TYPE_CHECKING:
     from ..inference import InferRequest
@@ -290,28 +291,7 @@ class FastInfer:
         self.protocol.fast_reply(self, status, JSON_HEADERS, [orjson.dumps({"error": message})])
 
 
-class KeptHeaders(list):
-    """A response's own headers that many responses share, never changed: the protocol keeps the head
-    it renders from them (with the server's default headers) for the next response that has them."""
-
-
-JSON_HEADERS = KeptHeaders([(b"content-type", b"application/json")])  # a JSON response's own headers
-_BINARY_HEADERS: dict[int, KeptHeaders] = {}  # JSON header length -> binary_headers' answer
 _KEPT = 4096  # entries kept in each of the caches of this module
-
-
-def binary_headers(json_length: int) -> KeptHeaders:
-    """The own headers of a response whose JSON header of `json_length` bytes binary tensors follow
-    (a model's answers mostly have the same few lengths: the same list for each, its head kept)."""
-    headers = _BINARY_HEADERS.get(json_length)
-    if headers is None:
-        if len(_BINARY_HEADERS) >= _KEPT:
-            _BINARY_HEADERS.clear()
-        headers = _BINARY_HEADERS[json_length] = KeptHeaders(
-            [(b"content-type", b"application/octet-stream"), (b"inference-header-content-length", b"%d" % json_length)])
-    return headers
-
-
 _HEADS: dict = {}  # (status, id of KeptHeaders) -> (the default headers and own headers it was made with, head)
 _JSON_OK: list = [None, b""]  # the default headers the head of a 200 JSON answer was made with, and that head
 _IDLE = "nothing (idle keep-alive)"  # the deadline between a connection's requests

@@ -21,8 +21,9 @@ from ..ipc.shm_registry import IPC_HANDLE_SIZE
 from ..logs import get_logger
 from ..server_api import EXTENSIONS, ServerApi
 from . import generate, http_codec, json_offload
+from .http_headers import JSON_HEADERS
 from .http_infer import InferEndpoint
-from .http_protocol import BODY_KEY, FORWARDED_KEY, JSON_HEADERS, ReceivedBody
+from .http_protocol import BODY_KEY, FORWARDED_KEY, ReceivedBody
 from .inflate import TooLarge, inflate
 from .request_params import unsigned, wrong_json_type
 from .restricted import HTTP_GROUP, Restrictions, http_message

@@ -81,8 +81,12 @@ class ModelManager:
         self.templates = WorkerTemplates() if settings.worker_start == "fork" else None  # where workers fork from
         self._startup: dict[str, asyncio.Task] = {}  # loads under way at startup, by model name
         # --load-on-demand: models load when first asked for, the least recently used unloaded past the budget
-        self.residency = Residency(self, settings.max_resident_models, settings.max_resident_memory_bytes,
-                                   settings.load_on_demand_wait) if settings.load_on_demand else None
+        self.residency = Residency(settings.max_resident_models, settings.max_resident_memory_bytes) \
+            if settings.load_on_demand else None
+        self._loading: dict[str, asyncio.Task[None]] = {}  # models loading on demand
+        # requests waiting for a model's load: it is in use until they have gone on to queue (which
+        # they do in the same turn of the loop as their wait ends)
+        self._waiting: dict[str, int] = {}
 
     # -- loading and unloading -------------------------------------------------------------
     async def load_all(self, names: list[str] | None = None) -> None:
@@ -168,7 +172,8 @@ class ModelManager:
             entry.platform = first.config.platform or first.backend
             self._retire(list(old.values()), old_dir)
         if self.residency is not None:
-            self.residency.loaded(name)
+            self.residency.loaded(name, [i.pid for mv in entry.versions.values() for i in mv.instances()
+                                         if i.pid is not None])
 
     async def _start_versions(self, name: str, path: str, override: str | None,
                               failed: dict[int, str]) -> dict[int, ServedVersion]:
@@ -309,9 +314,71 @@ class ModelManager:
         try:
             return self.get(name, version)
         except NotResident:
-            assert self.residency is not None
-            await self.residency.ensure(name)
+            await self._resident(name)
             return self.get(name, version)
+
+    # -- loading on demand (--load-on-demand) ----------------------------------------------
+    async def _resident(self, name: str) -> None:
+        """Load the model `name` of the repositories if it is not resident, and wait for it (up to
+        --load-on-demand-timeout-secs); a load already under way for another request is waited for,
+        not started again."""
+        task = self._loading.get(name)
+        if task is None:
+            task = self._loading[name] = asyncio.get_running_loop().create_task(self._load_on_demand(name))
+            task.add_done_callback(lambda _: self._loading.pop(name, None))
+        self._waiting[name] = self._waiting.get(name, 0) + 1
+        wait = self.settings.load_on_demand_wait
+        try:
+            await asyncio.wait_for(asyncio.shield(task), wait if wait > 0 else None)
+        except asyncio.TimeoutError:
+            raise ServerError(f"model '{name}' was not loaded within {wait:g}s of the request "
+                              "(--load-on-demand-timeout-secs); its load goes on", Status.UNAVAILABLE) from None
+        finally:
+            left = self._waiting[name] - 1
+            if left:
+                self._waiting[name] = left
+            else:
+                del self._waiting[name]
+
+    async def _load_on_demand(self, name: str) -> None:
+        residency = self.residency
+        assert residency is not None, "only where models load on demand"
+        for victim in residency.victims(name, self._in_use):
+            log.info("unloading '%s' to make room for '%s' (least recently used)", victim, name)
+            residency.evictions += 1
+            await self.unload(victim, "unloaded: least recently used, to make room (--load-on-demand loads it "
+                                      "again on its next request)")
+        started = time.monotonic()
+        await self.load(name)
+        residency.loads += 1
+        log.info("loaded '%s' on demand in %.2fs (%d resident)", name, time.monotonic() - started,
+                 len(residency.lru))
+
+    async def release(self, name: str, why: str) -> bool:
+        """Unload a model resident on demand now, as a router that places models asks (Ray Serve's
+        model multiplexing, when it drops the model from this replica); one in use or loading stays,
+        for the budget to unload when it is not. Whether it was unloaded."""
+        if self.residency is None or name not in self.residency.lru or name in self._loading or self._in_use(name):
+            return False
+        log.info("unloading '%s': %s", name, why)
+        await self.unload(name, f"unloaded: {why} (--load-on-demand loads it again on its next request)")
+        return True
+
+    def _in_use(self, name: str) -> bool:
+        """Requests waiting for its load, queued or running, sequences open, or an ensemble that runs it
+        loaded."""
+        if name in self._waiting:
+            return True
+        entry = self.models.get(name)
+        if entry is None:
+            return False
+        if any(mv.scheduler.busy() or mv.scheduler.keeps_state() for mv in entry.versions.values()):
+            return True
+        return bool(self.dependents(name))
+
+    def residency_summary(self) -> dict | None:
+        """The residency for the status document; None where models do not load on demand."""
+        return self.residency.summary(list(self._loading)) if self.residency is not None else None
 
     def get(self, name: str, version: str = "") -> ServedVersion:
         """The ready model version a request is for (the highest ready one without a version), as

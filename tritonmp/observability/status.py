@@ -161,4 +161,4 @@ def status(api, system, history: StatusHistory) -> dict:
                        "memory_total_bytes": system.memory[0] if system.cpu else None,
                        "memory_used_bytes": system.memory[1] if system.cpu else None, "gpus": gpus},
             "models": rows, "shared_memory": regions, "window_seconds": WINDOW_SECONDS,
-            "residency": models.residency.summary() if models.residency is not None else None}
+            "residency": models.residency_summary()}

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import ServerError
 from ._errors import InvalidArgumentError, from_server_error
+from ._handle import ServerHandle
 from ._request import InferenceRequest
 from ._response import AsyncResponseIterator, ResponseIterator
-
-if TYPE_CHECKING:
-    from ._server import Server
 
 
 class ModelBatchFlag(enum.IntEnum):
@@ -28,7 +26,7 @@ class ModelTxnPropertyFlag(enum.IntEnum):
 class Model:
     """A model (a version, or -1 for the highest ready one) of a started server."""
 
-    def __init__(self, server: Server, name: str, version: int = -1, state: str | None = None,
+    def __init__(self, server: ServerHandle, name: str, version: int = -1, state: str | None = None,
                  reason: str | None = None):
         if server._engine is None:
             raise InvalidArgumentError("Server not started")

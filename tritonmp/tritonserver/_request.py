@@ -12,12 +12,12 @@ import numpy as np
 from .. import datatypes, inference
 from . import _gpu
 from ._errors import InvalidArgumentError, UnsupportedError
+from ._handle import ModelHandle
 from ._shared import SharedArrays
 from ._tensor import DataType, Tensor, parse_device
 
 if TYPE_CHECKING:
     from ..ipc.shm_registry import ShmRef
-    from ._model import Model
 
 SEQUENCE_START, SEQUENCE_END = 1, 2  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_*
 
@@ -29,7 +29,7 @@ class InferenceRequest:
     an optional queue (queue.SimpleQueue / queue.Queue, or asyncio.Queue for async_infer) that gets
     every response too."""
 
-    model: Model
+    model: ModelHandle
     request_id: str | None = None
     flags: int = 0
     correlation_id: int | str | None = None

@@ -6,21 +6,18 @@ from __future__ import annotations
 import asyncio
 import queue
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .. import inference
 from ..errors import ServerError
 from ._errors import InternalError, TritonError, from_server_error
+from ._handle import ModelHandle
 from ._request import _api_tensor
 from ._tensor import Tensor
-
-if TYPE_CHECKING:
-    from ._model import Model
 
 
 @dataclass
 class InferenceResponse:
-    model: Model
+    model: ModelHandle
     request_id: str | None = None
     parameters: dict[str, str | int | bool] = field(default_factory=dict)
     outputs: dict[str, Tensor] = field(default_factory=dict)
@@ -34,7 +31,7 @@ class _Responses:
     with Triton's final flags: the last response of a request is final; when a decoupled model
     ends its request after its last response, an empty final response follows."""
 
-    def __init__(self, model: Model, request_id: str, gpu: int | None = None):
+    def __init__(self, model: ModelHandle, request_id: str, gpu: int | None = None):
         self.model = model
         self.request_id = request_id
         self.gpu = gpu  # outputs are copied to this GPU
@@ -65,7 +62,7 @@ class _Iterator:
     come and handed to `_hand_over` (on the engine's loop), cancellation, and the raise_on_error
     rule applied to each response taken."""
 
-    def __init__(self, model: Model, request, raise_on_error: bool, user_queue):
+    def __init__(self, model: ModelHandle, request, raise_on_error: bool, user_queue):
         self._user_queue = user_queue
         self._raise = raise_on_error
         self._complete = False
@@ -100,7 +97,7 @@ class ResponseIterator(_Iterator):
     """A request's responses for a thread: iterate until the final one. Abandoning the iterator (or
     `cancel()`) cancels the request; the model sees is_cancelled()."""
 
-    def __init__(self, model: Model, request, raise_on_error: bool, user_queue=None):
+    def __init__(self, model: ModelHandle, request, raise_on_error: bool, user_queue=None):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         super().__init__(model, request, raise_on_error, user_queue)
 
@@ -121,7 +118,7 @@ class ResponseIterator(_Iterator):
 class AsyncResponseIterator(_Iterator):
     """A request's responses for asyncio: `async for` until the final one; `cancel()` cancels it."""
 
-    def __init__(self, model: Model, request, raise_on_error: bool, user_queue: asyncio.Queue | None = None):
+    def __init__(self, model: ModelHandle, request, raise_on_error: bool, user_queue: asyncio.Queue | None = None):
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
         super().__init__(model, request, raise_on_error, user_queue)
