@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("served versions and request checks", ["served", "validation", "classification"]),
     ("scheduling", ["scheduling"]),
     ("model lifecycle", ["lifecycle"]),
+    ("reports", ["reports"]),
     ("server api", ["server_api"]),
     ("frontends", ["frontends"]),
     ("assembly", ["runtime", "command", "triton_flags", "cli", "__main__", "tritonserver", "tritonfrontend",
@@ -48,7 +49,7 @@ LONG_FUNCTIONS = {
     "repository/model_io.py:check": "config against model, tensor by tensor, every mismatch reported at once",
     "cli.py:serve_parser": "the argparse declarations of Triton's flags, one statement each",
     "cli.py:serve": "flags to settings, one statement each, in the order Triton applies them",
-    "observability/metrics.py:render": "one Prometheus family after another, in the order Triton exports them",
+    "reports/metrics.py:render": "one Prometheus family after another, in the order Triton exports them",
     "validation.py:_check_in_order": "the rules of a request, in Triton's order and words, for whatever the "
                                      "one pass does not take",
     "frontends/http_codec.py:_general_request": "the KServe JSON request in full, every field in the order Triton "

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
-from ..observability.metrics import MetricsApp, SystemSampler
-from ..observability.status import StatusHistory
+from ..observability.system import SystemSampler
+from ..reports.status import StatusHistory
 from ..server_api import EXTENSIONS, ServerApi
 from . import grpc_server
 from .http2 import Keepalive
 from .http_protocol import Limits, default_max_connections, protocol_class
 from .http_server import DEFAULT_MAX_INPUT_SIZE, HttpApp
+from .metrics_app import MetricsApp
 from .restricted import Restrictions
 
 

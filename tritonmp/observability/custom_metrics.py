@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import ServerError, Status
-from .metrics import number
+from .exposition import number
 
 KINDS = ("COUNTER", "GAUGE", "HISTOGRAM")
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
@@ -168,7 +168,7 @@ class CustomMetrics:
         return family
 
     def render(self, out) -> None:
-        """Every custom family in the text format, through metrics._Text."""
+        """Every custom family in the text format, through exposition.Exposition."""
         for family in self.families.values():
             kind = family.kind.lower()
             out.family(family.name, kind, family.description)

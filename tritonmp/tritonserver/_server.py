@@ -257,14 +257,14 @@ class Server:
             raise InvalidArgumentError(f"unknown metric format {metric_format}")
         if not self.options.metrics:
             raise UnsupportedError("metrics not supported")
-        from ..observability.metrics import render
+        from ..reports.metrics import render
 
         self._check_started()
         system = self._system_sampler()
         return self._call(lambda: render(self._engine.models, system).decode())
 
     def _system_sampler(self):
-        from ..observability.metrics import SystemSampler
+        from ..observability.system import SystemSampler
 
         engine = self._engine
         sampler = engine.sampler

@@ -15,7 +15,7 @@ import time
 from collections import deque
 
 from .. import __version__
-from .stats import LATENCY_BUCKETS_US
+from ..observability.stats import LATENCY_BUCKETS_US
 
 SAMPLE_SECONDS = 1.0
 HISTORY_SECONDS = 300

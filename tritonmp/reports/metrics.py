@@ -1,29 +1,20 @@
-"""The Prometheus endpoint: Triton's nv_* metrics (per model version, CPU, and GPU through NVML),
-plus tritonmp_* metrics Triton lacks (batch-size and request-duration histograms, queue depth,
-in-flight requests, worker restarts, model load time), and the metric families python models define.
+"""What the Prometheus endpoint says: Triton's nv_* metrics (per model version, CPU, and GPU through
+NVML), plus tritonmp_* metrics Triton lacks (batch-size and request-duration histograms, queue
+depth, in-flight requests, worker restarts, model load time, residency), and the metric families
+python models define.
 
-Everything is read at scrape time from the frontend's own counters (ModelStats, schedulers,
-pools), which workers' timings already reach through the result messages: no second set of
-books and no multiprocess registry. Triton exposes its counters without a `_total` suffix, so
-this module writes the text format itself rather than through prometheus_client's Counter.
+Everything is read at scrape time from the frontend's own counters (each served version's
+ModelStats and figures), which workers' timings already reach through the result messages: no
+second set of books and no multiprocess registry.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import os
-from pathlib import Path
 
-import orjson
-from prometheus_client import CONTENT_TYPE_LATEST
-
-from ..logs import get_logger
-from .stats import LATENCY_BUCKETS_US
-from .status import StatusHistory
-from .status import status as status_document
-
-log = get_logger("metrics")
+from ..observability.exposition import Exposition
+from ..observability.stats import LATENCY_BUCKETS_US
+from ..observability.system import SystemSampler, process_usage
 
 FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -48,106 +39,6 @@ _MODEL_METRICS = [
 ]
 
 
-def _labels(**labels) -> str:
-    """Labels in name order, a histogram bucket's `le` last (as Triton writes them)."""
-    le = labels.pop("le", None)
-    items = sorted(labels.items()) + ([("le", le)] if le is not None else [])
-    inner = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-                     for k, v in items)
-    return "{" + inner + "}" if inner else ""
-
-
-def number(value: float) -> int | float:
-    """A value as Triton writes it: a whole number without a decimal point (1, not 1.0)."""
-    return int(value) if value == int(value) and abs(value) < 2**53 else value
-
-
-class _Text:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def family(self, name: str, kind: str, help_text: str) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} {kind}")
-
-    def sample(self, name: str, value, **labels) -> None:
-        self.lines.append(f"{name}{_labels(**labels)} {value}")
-
-    def histogram(self, name: str, bounds, counts: list[int], total: float, **labels) -> None:
-        running = 0
-        for bound, n in zip(bounds, counts):
-            running += n
-            self.sample(f"{name}_bucket", running, le=str(number(float(bound))), **labels)
-        running += counts[len(bounds)] if len(counts) > len(bounds) else 0
-        self.sample(f"{name}_bucket", running, le="+Inf", **labels)
-        self.sample(f"{name}_count", running, **labels)
-        self.sample(f"{name}_sum", number(total), **labels)
-
-
-class SystemSampler:
-    """CPU utilization and memory (from /proc), and GPU figures through NVML where present,
-    sampled on the metrics interval by a timer on the event loop."""
-
-    def __init__(self, cpu: bool, gpu: bool, gpus: list[int]):
-        self.cpu = cpu
-        self.gpu = gpu
-        self.gpus = gpus
-        self.cpu_utilization = 0.0
-        self.memory = (0, 0)
-        self.gpu_values: dict[int, dict[str, float]] = {}
-        self._last_cpu: tuple[int, int] | None = None
-        self._nvml = None
-        if gpu and gpus:
-            try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                self._nvml = pynvml
-            except Exception as e:  # no driver, no library: GPU metrics are simply absent
-                log.info("GPU metrics are off: %s", e)
-
-    def sample(self) -> None:
-        if self.cpu:
-            try:
-                with open("/proc/stat") as f:
-                    fields = [int(x) for x in f.readline().split()[1:]]
-                idle, total = fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields)
-                if self._last_cpu is not None and total > self._last_cpu[1]:
-                    busy = 1 - (idle - self._last_cpu[0]) / (total - self._last_cpu[1])
-                    self.cpu_utilization = max(0.0, min(1.0, busy))
-                self._last_cpu = (idle, total)
-                info = {}
-                with open("/proc/meminfo") as f:
-                    for line in f:
-                        key, _, rest = line.partition(":")
-                        info[key] = int(rest.split()[0]) * 1024
-                self.memory = (info.get("MemTotal", 0), info.get("MemTotal", 0) - info.get("MemAvailable", 0))
-            except (OSError, ValueError, IndexError):
-                pass
-        if self._nvml is not None:
-            nv = self._nvml
-            for index in self.gpus:
-                try:
-                    h = nv.nvmlDeviceGetHandleByIndex(index)
-                    mem = nv.nvmlDeviceGetMemoryInfo(h)
-                    self.gpu_values[index] = {
-                        "uuid": nv.nvmlDeviceGetUUID(h),
-                        "nv_gpu_utilization": nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0,
-                        "nv_gpu_memory_total_bytes": mem.total, "nv_gpu_memory_used_bytes": mem.used,
-                        "nv_gpu_power_usage": nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                        "nv_gpu_power_limit": nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0,
-                        "nv_energy_consumption": nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0,
-                    }
-                except Exception as e:  # a GPU that stops answering loses its figures, not the server
-                    log.debug("NVML query of GPU %d failed: %s", index, e)
-                    self.gpu_values.pop(index, None)
-
-    async def run(self, interval: float) -> None:
-        while True:
-            self.sample()
-            await asyncio.sleep(interval)
-
-
 _GPU_HELP = {
     "nv_gpu_utilization": ("gauge", "GPU utilization rate [0.0 - 1.0)"),
     "nv_gpu_memory_total_bytes": ("gauge", "GPU total memory, in bytes"),
@@ -158,24 +49,10 @@ _GPU_HELP = {
 }
 
 
-_TICKS = os.sysconf("SC_CLK_TCK")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def process_usage(pid: int) -> tuple[float, int] | None:
-    """A process's CPU seconds (user + system) and resident bytes, from /proc; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[21]) * _PAGE
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def render(models, system: SystemSampler) -> bytes:
     """The whole exposition text, read from the live model versions."""
     versions = [mv for e in models.models.values() for _, mv in sorted(e.versions.items())]
-    out = _Text()
+    out = Exposition()
     for name, kind, help_text in _MODEL_METRICS:
         out.family(name, kind, help_text)
         for mv in versions:
@@ -284,39 +161,3 @@ def render(models, system: SystemSampler) -> bytes:
     return ("\n".join(out.lines) + "\n").encode()
 
 
-class MetricsApp:
-    """ASGI app for the metrics port: GET /metrics (Triton's), and tritonmp's live status page (GET /)
-    with the JSON it reads (GET /status.json); 404 elsewhere, as Triton."""
-
-    def __init__(self, api, system: SystemSampler, history: StatusHistory):
-        self.api = api  # the server API: its models, settings and shared memory
-        self.system = system
-        self.history = history
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return
-        path, method = scope["path"], scope["method"]
-        headers = []
-        if method not in ("GET", "HEAD") or path not in ("/metrics", "/", "/status.json"):
-            status, body, ctype = 404, b"", b"text/plain"
-        elif path == "/metrics":
-            status, body, ctype = 200, render(self.api.models, self.system), CONTENT_TYPE_LATEST.encode()
-        elif path == "/status.json":
-            status, ctype = 200, b"application/json"
-            body = orjson.dumps(status_document(self.api, self.system, self.history))
-            headers.append((b"cache-control", b"no-store"))
-        else:
-            status, body, ctype = 200, status_page(), b"text/html; charset=utf-8"
-            headers.append((b"content-security-policy",
-                            b"default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-                            b"connect-src 'self'; img-src 'self' data:"))
-        headers += [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
-
-
-@functools.cache
-def status_page() -> bytes:
-    """The status page: one self-contained file shipped in the package (no CDN, works air-gapped)."""
-    return (Path(__file__).parent / "status_page.html").read_bytes()
