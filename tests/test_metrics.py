@@ -98,6 +98,26 @@ def test_metric_names_follow_prometheus_rules(server):
             assert re.fullmatch(r"# TYPE [a-zA-Z_:][a-zA-Z0-9_:]* (counter|gauge|histogram)", line), line
 
 
+def test_each_family_is_one_group_under_its_own_header(server):
+    """The text format wants every sample of a family together, after that family's HELP and TYPE;
+    Prometheus and promtool refuse or misread a family whose samples come after another's header."""
+    status, _, body = http_request(server.metrics_port, "GET", "/metrics")
+    assert status == 200
+    declared: list[str] = []
+    samples = 0
+    for line in body.decode().splitlines():
+        if line.startswith("# TYPE "):
+            family = line.split()[2]
+            assert family not in declared, f"{family} is declared twice"
+            declared.append(family)
+        elif line and not line.startswith("#"):
+            name = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0)
+            family = re.sub(r"_(bucket|count|sum)$", "", name) if declared and declared[-1] != name else name
+            assert declared and family == declared[-1], f"{line!r} comes under {declared[-1] if declared else None}"
+            samples += 1
+    assert samples > 0 and "tritonmp_queue_depth" in declared and "tritonmp_worker_cpu_seconds_total" in declared
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not visible_gpus() or os.environ.get("TRITONMP_FAKE_GPUS") is not None,
                     reason="no NVIDIA GPU visible on this machine")

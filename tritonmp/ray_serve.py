@@ -118,7 +118,7 @@ class TritonmpReplica:
         """Serve's multiplexing places `model_id` here: load it (tritonmp's residency loads it,
         under the same budget) and hold it until Serve drops it."""
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
-            self._engine.models.resolve(model_id, ""), self._engine.loop))
+            self._engine.api.resolve(model_id, ""), self._engine.loop))
         self._held.add(model_id)
         return _HeldModel(self, model_id)
 
@@ -126,11 +126,11 @@ class TritonmpReplica:
         """Serve dropped `model_id` from this replica: unload it unless it is in use (then the
         residency budget unloads it later)."""
         self._held.discard(model_id)
-        if self._engine.stopped or self._engine.models.residency is None:
+        if self._engine.stopped or not self._engine.api.settings.load_on_demand:
             return
         try:
             asyncio.run_coroutine_threadsafe(
-                self._engine.models.release(model_id, "dropped from this replica by Ray Serve's model multiplexing"),
+                self._engine.api.release_model(model_id, "dropped from this replica by Ray Serve's model multiplexing"),
                 self._engine.loop)
         except RuntimeError:  # the engine's loop has closed
             pass
@@ -148,12 +148,11 @@ class TritonmpReplica:
         import ray
 
         def models() -> tuple[list[str], dict[str, int]]:
-            residency = self._engine.models.residency
             answered: dict[str, int] = {}
             for stats in self._engine.api.statistics("", "")["model_stats"]:
                 name = stats["name"]
                 answered[name] = answered.get(name, 0) + int(stats["inference_stats"]["success"]["count"])
-            return (list(residency.lru) if residency is not None else []), answered
+            return self._engine.api.resident_models(), answered
 
         resident, answered = await self._on_engine(models)
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),

@@ -11,11 +11,13 @@ from collections.abc import AsyncIterator
 from .classification import class_count, classify
 from .errors import ServerError, invalid, unavailable, unsupported
 from .inference import InferRequest, InferResponse
-from .ipc.shm_registry import SharedMemoryRegistry, ShmRef
+from .ipc.shm_registry import Region, SharedMemoryRegistry, ShmRef
 from .lifecycle.model_manager import ModelManager, NotResident, parse_version
 from .logs import get_logger
 from .observability.log_settings import LogSettings
+from .observability.system import SystemSampler
 from .observability.tracing import Tracer
+from .reports import metrics, status
 from .repository import config as cfg
 from .scheduling.response_cache import ResponseCache
 from .served import ServedVersion
@@ -99,6 +101,11 @@ class ServerApi:
     async def model_config(self, name: str, version: str) -> dict:
         return (await self.models.resolve(name, version)).config_json
 
+    async def resolve(self, name: str, version: str) -> ServedVersion:
+        """The ready model version a call is for, loaded first where it loads on demand; ServerError,
+        as Triton words it, where there is none."""
+        return await self.models.resolve(name, version)
+
     def statistics(self, name: str, version: str) -> dict:
         """Triton's statistics reply: every loaded model version, or one model's (one version's)."""
         number = parse_version(version)
@@ -117,8 +124,44 @@ class ServerApi:
                 versions = [mv for _, mv in sorted(entry.versions.items())]
         return {"model_stats": [mv.stats.to_json() for mv in versions]}
 
+    async def release_model(self, name: str, why: str) -> bool:
+        """Unload a model resident on demand unless it is in use or loading (ModelManager.release);
+        whether it was unloaded."""
+        return await self.models.release(name, why)
+
+    def resident_models(self) -> list[str]:
+        """The models loaded on demand and resident now, least recently used first."""
+        residency = self.models.residency
+        return list(residency.lru) if residency is not None else []
+
+    # -- clients' shared memory -------------------------------------------------------------
+    def shm_status(self, name: str = "", kind: str = "system") -> list[Region]:
+        return self.shm.status(name, kind)
+
+    def check_shm_allowed(self) -> None:
+        """Refuse registration where the server takes no client shared memory (--allow-client-shm)."""
+        self.shm.check_allowed()
+
+    def register_shm(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.shm.register(name, key, offset, byte_size)
+
     def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         self.shm.register_cuda(name, raw_handle, device_id, byte_size, self.settings.gpus)
+
+    def unregister_shm(self, name: str = "", kind: str = "system") -> None:
+        self.shm.unregister(name, kind)
+
+    # -- what the server reports of itself -------------------------------------------------
+    def metrics_text(self, system: SystemSampler) -> bytes:
+        """The Prometheus exposition of the metrics port."""
+        return metrics.render(self.models, system)
+
+    def status_history(self) -> status.StatusHistory:
+        """A history of the versions' counters, for the rates of the status document."""
+        return status.StatusHistory(self.models)
+
+    def status_document(self, system: SystemSampler, history: status.StatusHistory) -> dict:
+        return status.status(self.models, self.shm, self.started, self.loaded, system, history)
 
     # -- the repository API ------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict]:

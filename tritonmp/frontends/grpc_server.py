@@ -90,7 +90,7 @@ class InferenceService:
         return response
 
     async def ModelConfig(self, request):
-        mv = await self.api.models.resolve(request.name, request.version)
+        mv = await self.api.resolve(request.name, request.version)
         return pb.ModelConfigResponse(config=mv.config)
 
     async def ModelInfer(self, request):
@@ -124,17 +124,17 @@ class InferenceService:
 
     async def SystemSharedMemoryStatus(self, request):
         response = pb.SystemSharedMemoryStatusResponse()
-        for r in self.api.shm.status(request.name):
+        for r in self.api.shm_status(request.name):
             response.regions[r.name].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
                 name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size))
         return response
 
     async def SystemSharedMemoryRegister(self, request):
-        self.api.shm.register(request.name, request.key, request.offset, request.byte_size)
+        self.api.register_shm(request.name, request.key, request.offset, request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request):
-        self.api.shm.unregister(request.name)
+        self.api.unregister_shm(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def RepositoryIndex(self, request):
@@ -244,7 +244,7 @@ class InferenceService:
 
     async def CudaSharedMemoryStatus(self, request):
         response = pb.CudaSharedMemoryStatusResponse()
-        for r in self.api.shm.status(request.name, "cuda"):
+        for r in self.api.shm_status(request.name, "cuda"):
             response.regions[r.name].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(
                 name=r.name, device_id=r.device_id, byte_size=r.byte_size))
         return response
@@ -254,7 +254,7 @@ class InferenceService:
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request):
-        self.api.shm.unregister(request.name, "cuda")
+        self.api.unregister_shm(request.name, "cuda")
         return pb.CudaSharedMemoryUnregisterResponse()
 
     async def TraceSetting(self, request):

@@ -243,7 +243,7 @@ class HttpApp:
 
     # -- the generate extension ----------------------------------------------------------------
     async def _generate_request(self, receive, model: str, version: str | None):
-        mv = await self.api.models.resolve(model, version or "")  # an unknown model is said before the body is read
+        mv = await self.api.resolve(model, version or "")  # an unknown model is said before the body is read
         doc = generate.parse(bytes(await self._read_body(receive)))
         return generate.decode(doc, model, version or "", mv.inputs, mv.max_batch_size)
 
@@ -326,7 +326,7 @@ class HttpApp:
 
     # -- client shared memory ----------------------------------------------------------------
     async def shm_status(self, receive, send, kind: str, region: str | None) -> None:
-        regions = self.api.shm.status(region or "", kind)
+        regions = self.api.shm_status(region or "", kind)
         if kind == "system":
             doc = [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size} for r in regions]
         else:
@@ -334,7 +334,7 @@ class HttpApp:
         await _send(send, 200, orjson.dumps(doc))
 
     async def shm_register(self, receive, send, kind: str, region: str) -> None:
-        self.api.shm.check_allowed()  # before the body is read, as in Triton
+        self.api.check_shm_allowed()  # before the body is read, as in Triton
         doc = await self._json_body(receive)
         if kind == "cuda":
             handle = doc.get("raw_handle") or {}  # whatever it is, only a valid one passes below
@@ -360,12 +360,12 @@ class HttpApp:
                 raise ServerError("Shared memory register request has no 'byte_size' field")
             if not unsigned(size):
                 raise wrong_json_type("unsigned-integer")
-            self.api.shm.register(region, key, offset, size)
+            self.api.register_shm(region, key, offset, size)
         await _send(send, 200, b"", _TEXT)
 
     async def shm_unregister(self, receive, send, kind: str, region: str | None) -> None:
         await self._read_body(receive)
-        self.api.shm.unregister(region or "", kind)
+        self.api.unregister_shm(region or "", kind)
         await _send(send, 200, b"", _TEXT)
 
     # -- inference -------------------------------------------------------------------------

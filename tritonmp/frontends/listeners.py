@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import uvicorn
 
 from ..observability.system import SystemSampler
-from ..reports.status import StatusHistory
 from ..server_api import EXTENSIONS, ServerApi
 from . import grpc_server
 from .http2 import Keepalive
@@ -219,7 +218,7 @@ class MetricsListener(_AsgiListener):
     async def _start(self, api: ServerApi):
         s, server_settings = self.settings, api.settings
         system = SystemSampler(server_settings.cpu_metrics, server_settings.gpu_metrics, server_settings.gpus)
-        history = StatusHistory(api.models)
+        history = api.status_history()
         loop = asyncio.get_running_loop()
         samplers = (loop.create_task(system.run(server_settings.metrics_interval)), loop.create_task(history.run()))
         server, task = self._serve_asgi(MetricsApp(api, system, history), s.limits, s.reuse_port)

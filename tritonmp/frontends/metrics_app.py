@@ -11,17 +11,16 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..observability.system import SystemSampler
-from ..reports.metrics import render
 from ..reports.status import StatusHistory
-from ..reports.status import status as status_document
+from ..server_api import ServerApi
 
 
 class MetricsApp:
     """ASGI app for the metrics port: GET /metrics (Triton's), and tritonmp's live status page (GET /)
     with the JSON it reads (GET /status.json); 404 elsewhere, as Triton."""
 
-    def __init__(self, api, system: SystemSampler, history: StatusHistory):
-        self.api = api  # the server API: its models, settings and shared memory
+    def __init__(self, api: ServerApi, system: SystemSampler, history: StatusHistory):
+        self.api = api
         self.system = system
         self.history = history
 
@@ -33,10 +32,10 @@ class MetricsApp:
         if method not in ("GET", "HEAD") or path not in ("/metrics", "/", "/status.json"):
             status, body, ctype = 404, b"", b"text/plain"
         elif path == "/metrics":
-            status, body, ctype = 200, render(self.api.models, self.system), CONTENT_TYPE_LATEST.encode()
+            status, body, ctype = 200, self.api.metrics_text(self.system), CONTENT_TYPE_LATEST.encode()
         elif path == "/status.json":
             status, ctype = 200, b"application/json"
-            body = orjson.dumps(status_document(self.api, self.system, self.history))
+            body = orjson.dumps(self.api.status_document(self.system, self.history))
             headers.append((b"cache-control", b"no-store"))
         else:
             status, body, ctype = 200, status_page(), b"text/html; charset=utf-8"

@@ -11,35 +11,126 @@ second set of books and no multiprocess registry.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
+from ..lifecycle.model_manager import ModelManager
 from ..observability.exposition import Exposition
 from ..observability.stats import LATENCY_BUCKETS_US
 from ..observability.system import SystemSampler, process_usage
+from ..served import ServedVersion
 
 FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
-_MODEL_METRICS = [
-    ("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes"),
-    ("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes"),
-    ("nv_inference_count", "counter", "Number of inferences performed (does not include cached requests)"),
-    ("nv_inference_exec_count", "counter", "Number of model executions performed (does not include cached requests)"),
-    ("nv_inference_request_duration_us", "counter",
-     "Cumulative inference request duration in microseconds (includes cached requests)"),
-    ("nv_inference_queue_duration_us", "counter",
-     "Cumulative inference queuing duration in microseconds (includes cached requests)"),
-    ("nv_inference_compute_input_duration_us", "counter",
-     "Cumulative compute input duration in microseconds (does not include cached requests)"),
-    ("nv_inference_compute_infer_duration_us", "counter",
-     "Cumulative compute inference duration in microseconds (does not include cached requests)"),
-    ("nv_inference_compute_output_duration_us", "counter",
-     "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
-    ("nv_inference_pending_request_count", "gauge",
-     "Instantaneous number of pending requests awaiting execution per-model."),
+Samples = Callable[[ServedVersion], Iterable[tuple[float, dict[str, str]]]]  # (value, labels beyond its version's)
+
+
+@dataclass(frozen=True)
+class VersionMetric:
+    """A family with one or more samples per served version."""
+
+    name: str
+    kind: str
+    help: str
+    samples: Samples
+
+
+@dataclass(frozen=True)
+class VersionHistogram:
+    """A histogram per served version: its bucket counts (+Inf last) and the sum of what it counts."""
+
+    name: str
+    help: str
+    bounds: tuple[float, ...]
+    read: Callable[[ServedVersion], tuple[list[int], float]]
+
+
+def _one(read: Callable[[ServedVersion], float]) -> Samples:
+    return lambda mv: ((read(mv), {}),)
+
+
+def _batch_sizes(mv: ServedVersion) -> tuple[list[int], float]:
+    counts = [0] * (len(BATCH_BUCKETS) + 1)
+    total = 0
+    for size, entry in mv.stats.batches.items():
+        slot = next((i for i, b in enumerate(BATCH_BUCKETS) if size <= b), len(BATCH_BUCKETS))
+        counts[slot] += entry[0]
+        total += size * entry[0]
+    return counts, total
+
+
+def _worker_usage(which: int) -> Samples:
+    """One figure of process_usage (0: CPU seconds, 1: resident bytes) of each live instance's worker."""
+    def samples(mv: ServedVersion) -> Iterable[tuple[float, dict[str, str]]]:
+        for instance in mv.instances():
+            usage = process_usage(instance.pid) if instance.pid is not None else None
+            if usage is not None:
+                yield (round(usage[0], 3) if which == 0 else usage[1]), {"instance": instance.name}
+    return samples
+
+
+# Triton's, in the order Triton exports them
+TRITON_METRICS = [
+    VersionMetric("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes",
+                  _one(lambda mv: mv.stats.counts["success"])),
+    VersionMetric("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes",
+                  lambda mv: ((mv.stats.failures.get(r, 0), {"reason": r}) for r in FAILURE_REASONS)),
+    VersionMetric("nv_inference_count", "counter",
+                  "Number of inferences performed (does not include cached requests)",
+                  _one(lambda mv: mv.stats.inference_count)),
+    VersionMetric("nv_inference_exec_count", "counter",
+                  "Number of model executions performed (does not include cached requests)",
+                  _one(lambda mv: mv.stats.execution_count)),
+    VersionMetric("nv_inference_request_duration_us", "counter",
+                  "Cumulative inference request duration in microseconds (includes cached requests)",
+                  _one(lambda mv: (mv.stats.ns["success"] + mv.stats.ns["fail"]) // 1000)),
+    VersionMetric("nv_inference_queue_duration_us", "counter",
+                  "Cumulative inference queuing duration in microseconds (includes cached requests)",
+                  _one(lambda mv: mv.stats.ns["queue"] // 1000)),
+    VersionMetric("nv_inference_compute_input_duration_us", "counter",
+                  "Cumulative compute input duration in microseconds (does not include cached requests)",
+                  _one(lambda mv: mv.stats.ns["compute_input"] // 1000)),
+    VersionMetric("nv_inference_compute_infer_duration_us", "counter",
+                  "Cumulative compute inference duration in microseconds (does not include cached requests)",
+                  _one(lambda mv: mv.stats.ns["compute_infer"] // 1000)),
+    VersionMetric("nv_inference_compute_output_duration_us", "counter",
+                  "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+                  _one(lambda mv: mv.stats.ns["compute_output"] // 1000)),
+    VersionMetric("nv_inference_pending_request_count", "gauge",
+                  "Instantaneous number of pending requests awaiting execution per-model.",
+                  _one(lambda mv: mv.queued())),
 ]
 
+# what Triton users keep asking for
+HISTOGRAMS = [
+    VersionHistogram("tritonmp_batch_size", "Batch sizes the model executed (rows per execution)", BATCH_BUCKETS,
+                     _batch_sizes),
+    VersionHistogram("tritonmp_request_duration_us",
+                     "Duration of requests from their arrival in the queue to their response, in microseconds",
+                     LATENCY_BUCKETS_US,
+                     lambda mv: (mv.stats.latency_buckets, (mv.stats.ns["success"] + mv.stats.ns["fail"]) / 1000)),
+    VersionHistogram("tritonmp_queue_duration_us",
+                     "Time requests waited in the model's queue before execution, in microseconds", LATENCY_BUCKETS_US,
+                     lambda mv: (mv.stats.queue_buckets, mv.stats.ns["queue"] / 1000)),
+]
 
-_GPU_HELP = {
+TRITONMP_METRICS = [
+    VersionMetric("tritonmp_queue_depth", "gauge", "Requests waiting in the model's queue",
+                  _one(lambda mv: mv.queued())),
+    VersionMetric("tritonmp_inflight_requests", "gauge", "Requests executing on the model's instances",
+                  _one(lambda mv: mv.in_flight())),
+    VersionMetric("tritonmp_worker_restarts_total", "counter", "Worker processes of the model restarted after dying",
+                  _one(lambda mv: mv.restarts())),
+    VersionMetric("tritonmp_model_load_duration_seconds", "gauge", "How long the model version took to load",
+                  _one(lambda mv: round(mv.load_seconds, 6))),
+    VersionMetric("tritonmp_worker_cpu_seconds_total", "counter", "CPU time used by the worker process of an instance",
+                  _worker_usage(0)),
+    VersionMetric("tritonmp_worker_resident_memory_bytes", "gauge",
+                  "Resident memory of the worker process of an instance", _worker_usage(1)),
+]
+
+GPU_METRICS = {
     "nv_gpu_utilization": ("gauge", "GPU utilization rate [0.0 - 1.0)"),
     "nv_gpu_memory_total_bytes": ("gauge", "GPU total memory, in bytes"),
     "nv_gpu_memory_used_bytes": ("gauge", "GPU used memory, in bytes"),
@@ -49,31 +140,19 @@ _GPU_HELP = {
 }
 
 
-def render(models, system: SystemSampler) -> bytes:
+def _per_version(out: Exposition, metrics: list[VersionMetric], versions: list[ServedVersion]) -> None:
+    for metric in metrics:
+        out.family(metric.name, metric.kind, metric.help)
+        for mv in versions:
+            for value, labels in metric.samples(mv):
+                out.sample(metric.name, value, model=mv.name, version=str(mv.version), **labels)
+
+
+def render(models: ModelManager, system: SystemSampler) -> bytes:
     """The whole exposition text, read from the live model versions."""
     versions = [mv for e in models.models.values() for _, mv in sorted(e.versions.items())]
     out = Exposition()
-    for name, kind, help_text in _MODEL_METRICS:
-        out.family(name, kind, help_text)
-        for mv in versions:
-            s = mv.stats
-            labels = {"model": mv.name, "version": str(mv.version)}
-            if name == "nv_inference_request_success":
-                out.sample(name, s.counts["success"], **labels)
-            elif name == "nv_inference_request_failure":
-                for reason in FAILURE_REASONS:
-                    out.sample(name, s.failures.get(reason, 0), reason=reason, **labels)
-            elif name == "nv_inference_count":
-                out.sample(name, s.inference_count, **labels)
-            elif name == "nv_inference_exec_count":
-                out.sample(name, s.execution_count, **labels)
-            elif name == "nv_inference_request_duration_us":
-                out.sample(name, (s.ns["success"] + s.ns["fail"]) // 1000, **labels)
-            elif name == "nv_inference_pending_request_count":
-                out.sample(name, mv.queued(), **labels)
-            else:
-                kind_name = name[len("nv_inference_"):-len("_duration_us")]
-                out.sample(name, s.ns[kind_name] // 1000, **labels)
+    _per_version(out, TRITON_METRICS, versions)
     if system.cpu:
         out.family("nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]")
         out.sample("nv_cpu_utilization", system.cpu_utilization)
@@ -82,33 +161,15 @@ def render(models, system: SystemSampler) -> bytes:
         out.family("nv_cpu_memory_used_bytes", "gauge", "CPU used memory (RAM), in bytes")
         out.sample("nv_cpu_memory_used_bytes", system.memory[1])
     if system.gpu_values:
-        for metric, (kind, help_text) in _GPU_HELP.items():
+        for metric, (kind, help_text) in GPU_METRICS.items():
             out.family(metric, kind, help_text)
             for _, values in sorted(system.gpu_values.items()):
                 out.sample(metric, values[metric], gpu_uuid=values["uuid"])
-    # what Triton users keep asking for
-    out.family("tritonmp_batch_size", "histogram", "Batch sizes the model executed (rows per execution)")
-    for mv in versions:
-        s = mv.stats
-        counts = [0] * (len(BATCH_BUCKETS) + 1)
-        total = 0
-        for size, entry in s.batches.items():
-            slot = next((i for i, b in enumerate(BATCH_BUCKETS) if size <= b), len(BATCH_BUCKETS))
-            counts[slot] += entry[0]
-            total += size * entry[0]
-        out.histogram("tritonmp_batch_size", BATCH_BUCKETS, counts, total, model=mv.name, version=str(mv.version))
-    out.family("tritonmp_request_duration_us", "histogram",
-               "Duration of requests from their arrival in the queue to their response, in microseconds")
-    for mv in versions:
-        s = mv.stats
-        out.histogram("tritonmp_request_duration_us", LATENCY_BUCKETS_US, s.latency_buckets,
-                      (s.ns["success"] + s.ns["fail"]) / 1000, model=mv.name, version=str(mv.version))
-    out.family("tritonmp_queue_duration_us", "histogram",
-               "Time requests waited in the model's queue before execution, in microseconds")
-    for mv in versions:
-        s = mv.stats
-        out.histogram("tritonmp_queue_duration_us", LATENCY_BUCKETS_US, s.queue_buckets, s.ns["queue"] / 1000,
-                      model=mv.name, version=str(mv.version))
+    for h in HISTOGRAMS:
+        out.family(h.name, "histogram", h.help)
+        for mv in versions:
+            counts, total = h.read(mv)
+            out.histogram(h.name, h.bounds, counts, total, model=mv.name, version=str(mv.version))
     out.family("tritonmp_model_ready", "gauge",
                "1 when the model version is READY, 0 when it is loading, unloading or unavailable (a model "
                "that failed to load has version \"\"; models unloaded on purpose are not listed)")
@@ -132,25 +193,7 @@ def render(models, system: SystemSampler) -> bytes:
         out.family("tritonmp_model_evictions_total", "counter",
                    "Models unloaded to keep within --max-resident-models or --max-resident-memory-mb")
         out.sample("tritonmp_model_evictions_total", residency.evictions)
-    out.family("tritonmp_queue_depth", "gauge", "Requests waiting in the model's queue")
-    out.family("tritonmp_inflight_requests", "gauge", "Requests executing on the model's instances")
-    out.family("tritonmp_worker_restarts_total", "counter", "Worker processes of the model restarted after dying")
-    out.family("tritonmp_model_load_duration_seconds", "gauge", "How long the model version took to load")
-    for mv in versions:
-        labels = {"model": mv.name, "version": str(mv.version)}
-        out.sample("tritonmp_queue_depth", mv.queued(), **labels)
-        out.sample("tritonmp_inflight_requests", mv.in_flight(), **labels)
-        out.sample("tritonmp_worker_restarts_total", mv.restarts(), **labels)
-        out.sample("tritonmp_model_load_duration_seconds", round(mv.load_seconds, 6), **labels)
-    out.family("tritonmp_worker_cpu_seconds_total", "counter", "CPU time used by the worker process of an instance")
-    out.family("tritonmp_worker_resident_memory_bytes", "gauge", "Resident memory of the worker process of an instance")
-    for mv in versions:
-        for instance in mv.instances():
-            usage = process_usage(instance.pid) if instance.pid is not None else None
-            if usage is not None:
-                labels = {"model": mv.name, "version": str(mv.version), "instance": instance.name}
-                out.sample("tritonmp_worker_cpu_seconds_total", round(usage[0], 3), **labels)
-                out.sample("tritonmp_worker_resident_memory_bytes", usage[1], **labels)
+    _per_version(out, TRITONMP_METRICS, versions)
     usage = process_usage(os.getpid())  # the frontend, under the names every Prometheus client uses
     if usage is not None:
         out.family("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds")
@@ -159,5 +202,3 @@ def render(models, system: SystemSampler) -> bytes:
         out.sample("process_resident_memory_bytes", usage[1])
     models.services.custom_metrics.render(out)  # python models' own (pb_utils.MetricFamily)
     return ("\n".join(out.lines) + "\n").encode()
-
-

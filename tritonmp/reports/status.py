@@ -1,8 +1,8 @@
 """The live status of the server as one JSON document (`/status.json` on the metrics port), and the
 history behind its rates: what the status page (status_page.html) shows, and what scripts read.
 
-Everything comes from the counters the metrics are rendered from (ModelStats, pools, schedulers,
-the shared-memory registry); `StatusHistory` samples them once a second and keeps the last five
+Everything comes from the counters the metrics are rendered from (each served version's ModelStats
+and figures, the shared-memory registry); `StatusHistory` samples them once a second and keeps the last five
 minutes, from which requests and failures per second and p50/p99 latency are computed (quantiles
 from the request-duration histogram, interpolated within a bucket as Prometheus does).
 """
@@ -15,7 +15,11 @@ import time
 from collections import deque
 
 from .. import __version__
-from ..observability.stats import LATENCY_BUCKETS_US
+from ..ipc.shm_registry import SharedMemoryRegistry
+from ..lifecycle.model_manager import ModelManager
+from ..observability.stats import LATENCY_BUCKETS_US, ModelStats
+from ..observability.system import SystemSampler
+from ..served import InstanceSnapshot, ServedVersion
 
 SAMPLE_SECONDS = 1.0
 HISTORY_SECONDS = 300
@@ -45,7 +49,7 @@ def quantile(q: float, counts: list[int]) -> float | None:
 class _Sample:
     __slots__ = ("at", "success", "failure", "buckets")
 
-    def __init__(self, at: float, stats=None):
+    def __init__(self, at: float, stats: ModelStats | None = None):
         self.at = at
         if stats is None:  # where a version's counters start
             self.success = self.failure = 0
@@ -68,7 +72,7 @@ def _rates(old: _Sample, new: _Sample) -> dict:
 class StatusHistory:
     """Samples of every model version's counters, the last HISTORY_SECONDS of them."""
 
-    def __init__(self, models):
+    def __init__(self, models: ModelManager):
         self.models = models
         self.samples: dict[tuple[str, int], deque[_Sample]] = {}
         self.started = time.time()
@@ -93,7 +97,7 @@ class StatusHistory:
             self.sample()
             await asyncio.sleep(SAMPLE_SECONDS)
 
-    def series(self, mv) -> tuple[dict, dict]:
+    def series(self, mv: ServedVersion) -> tuple[dict, dict]:
         """The rates over the last WINDOW_SECONDS, and the history in SERIES_STEP-sample steps (one
         list per figure, oldest first)."""
         history = list(self.samples.get((mv.name, mv.version), ()))
@@ -110,13 +114,13 @@ class StatusHistory:
         return window, series
 
 
-def _instance(i) -> dict:
+def _instance(i: InstanceSnapshot) -> dict:
     return {"name": i.name, "kind": i.kind, "device": i.device_id if i.kind == "GPU" else None, "pid": i.pid,
             "alive": i.alive, "busy": i.busy, "restarts": i.restarts, "last_error": i.last_exit or None,
             "gave_up": i.gave_up, "up_s": round(i.up_s, 1) if i.up_s is not None else None}
 
 
-def _version(mv, history: StatusHistory) -> dict:
+def _version(mv: ServedVersion, history: StatusHistory) -> dict:
     s = mv.stats
     window, points = history.series(mv)
     batches = {str(size): entry[0] for size, entry in sorted(s.batches.items())}
@@ -131,10 +135,11 @@ def _version(mv, history: StatusHistory) -> dict:
             "batch_sizes": batches, "window": window, "series": points}
 
 
-def status(api, system, history: StatusHistory) -> dict:
-    """The whole status document, of the server API `api` (its models, settings and shared memory)."""
-    models = api.models
-    settings = api.settings
+def status(models: ModelManager, shm: SharedMemoryRegistry, started: float, loaded: bool, system: SystemSampler,
+           history: StatusHistory) -> dict:
+    """The whole status document: the models, the clients' shared-memory regions, the server started
+    at `started` (its startup load done when `loaded`), the machine."""
+    settings = models.settings
     rows = []
     shown = set()
     for _, entry in sorted(models.models.items()):
@@ -148,14 +153,14 @@ def status(api, system, history: StatusHistory) -> dict:
     rows.sort(key=lambda r: (r["name"], int(r["version"]) if (r.get("version") or "").isdigit() else -1))
     regions = [{"name": r.name, "kind": r.kind, "key": r.key or None, "offset": r.offset, "byte_size": r.byte_size,
                 "device_id": r.device_id if r.kind == "cuda" else None}
-               for r in sorted(api.shm.regions.values(), key=lambda r: r.name)]
+               for r in sorted(shm.regions.values(), key=lambda r: r.name)]
     gpus = [{"index": index, "uuid": values["uuid"], "utilization": values["nv_gpu_utilization"],
              "memory_used_bytes": values["nv_gpu_memory_used_bytes"],
              "memory_total_bytes": values["nv_gpu_memory_total_bytes"]}
             for index, values in sorted(system.gpu_values.items())]
     return {"server": {"id": settings.server_id, "version": __version__, "pid": os.getpid(),
-                       "started": round(api.started, 3), "uptime_s": round(time.time() - api.started, 1),
-                       "ready": bool(api.loaded and models.all_ready()),
+                       "started": round(started, 3), "uptime_s": round(time.time() - started, 1),
+                       "ready": bool(loaded and models.all_ready()),
                        "model_control": settings.model_control, "flags": settings.flags},
             "system": {"cpu_utilization": round(system.cpu_utilization, 4) if system.cpu else None,
                        "memory_total_bytes": system.memory[0] if system.cpu else None,

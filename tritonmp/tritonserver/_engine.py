@@ -56,8 +56,7 @@ class Engine(ServerRuntime):
 
         async def run():
             try:
-                mv = await self.models.resolve(request.model_name, request.model_version)
-                if mv.decoupled:
+                if await self.api.resolve_decoupled(request.model_name, request.model_version):
                     async for item in self.api.infer_stream(request):
                         deliver(item)
                 else:  # one response: no async generator to drive

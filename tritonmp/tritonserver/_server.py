@@ -257,11 +257,9 @@ class Server:
             raise InvalidArgumentError(f"unknown metric format {metric_format}")
         if not self.options.metrics:
             raise UnsupportedError("metrics not supported")
-        from ..reports.metrics import render
-
         self._check_started()
         system = self._system_sampler()
-        return self._call(lambda: render(self._engine.models, system).decode())
+        return self._call(lambda: self._engine.api.metrics_text(system).decode())
 
     def _system_sampler(self):
         from ..observability.system import SystemSampler
