@@ -69,7 +69,7 @@ def test_kind_gpu_without_gpus_fails_the_load_with_the_reason(tmp_path):
 
 def test_default_instances_go_to_the_gpus_only_where_the_framework_can_use_them(start_server, tmp_path,
                                                                              example_repo, monkeypatch):
-    from tritonmp.repository.gpu_support import gpu_capable
+    from tritonmp.backends import gpu_capable
 
     if gpu_capable("onnxruntime"):
         pytest.skip("this onnxruntime has the CUDA provider")
@@ -99,7 +99,7 @@ def test_default_instances_go_to_the_gpus_only_where_the_framework_can_use_them(
 
 
 def test_gpu_support_reads_what_the_frameworks_say_of_themselves():
-    from tritonmp.repository.gpu_support import gpu_capable
+    from tritonmp.backends import gpu_capable
 
     ort = pytest.importorskip("onnxruntime")
     assert gpu_capable("onnxruntime") == ("CUDAExecutionProvider" in ort.get_available_providers())

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tritonmp"
 # Lowest first: a module imports from its own layer and those below it, never from one above.
 # Each entry is a module or a package (every module in it), as named under tritonmp.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("foundation", ["errors", "logs", "testing", "settings", "datatypes", "inference", "gpus"]),
+    ("foundation", ["errors", "logs", "testing", "settings", "datatypes", "inference", "gpus", "backends"]),
     ("observability", ["observability"]),
     ("model configuration", ["repository"]),
     ("the wire", ["ipc"]),

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from .. import backends
 from ..ipc import transport
 from ..ipc.arena import Arena, segment_name
 from ..ipc.channel import Channel
@@ -325,7 +326,7 @@ class WorkerProcess:
         yes within READINESS_TIMEOUT_S. One check at a time: a caller that finds one in flight
         shares its answer. A check that takes too long goes on, and the next caller waits for it."""
         if not self.alive:
-            if self.launch.backend == "python":  # Triton's words, which its qa greps the log for
+            if backends.BACKENDS[self.launch.backend].stub:  # Triton's words, which its qa greps the log for
                 return f"Stub process '{self.spec.name}' is not healthy."
             return f"instance '{self.spec.name}' has no running worker process ({self.last_exit or 'starting'})"
         if not self.checks_readiness:

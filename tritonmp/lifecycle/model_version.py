@@ -10,6 +10,7 @@ import time
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from .. import backends
 from ..classification import read_labels
 from ..errors import unavailable
 from ..instances.contract import NO_BUSY_POLL
@@ -27,7 +28,6 @@ from ..ipc.busy_poll import BusyPoll
 from ..logs import get_logger
 from ..observability.stats import ModelStats
 from ..repository import config as cfg
-from ..repository.gpu_support import gpu_capable, why_not
 from ..repository.ragged import Ragged
 from ..repository.reshape import Reshapes
 from ..repository.warmup import warmup_requests
@@ -63,7 +63,7 @@ class ModelVersion:
             arena_bytes=settings.arena_bytes, log_verbose=settings.log_verbose,
             gpus=tuple(settings.gpus), load_timeout=settings.load_timeout,
             heap_retain_bytes=settings.heap_retain_bytes, templates=templates)
-        one_by_one = completed.backend == "python"  # a python model takes its requests one by one
+        one_by_one = backends.one_by_one(completed.backend)
         instance_settings = InstanceSettings(
             name, version, self.outputs, merge=not one_by_one, senders=one_by_one,
             decoupled=c.model_transaction_policy.decoupled, null_rows=placeholder_rows(c),
@@ -177,12 +177,12 @@ def priorities_of(config: mc.ModelConfig) -> Priorities:
 
 def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int], backend: str = "") -> list[InstanceSpec]:
     """Expand the instance groups (filling a default group from --workers) into instances. The default
-    group and KIND_AUTO groups go to the GPUs only where `backend` can use them (gpu_support)."""
-    placeable = gpus if not backend or gpu_capable(backend) else []  # for the default and KIND_AUTO groups
+    group and KIND_AUTO groups go to the GPUs only where `backend` can use them (tritonmp.backends)."""
+    placeable = gpus if not backend or backends.gpu_capable(backend) else []  # for the default and KIND_AUTO groups
     if gpus and not placeable and (
             not config.instance_group
             or any(g.kind == mc.ModelInstanceGroup.KIND_AUTO for g in config.instance_group)):
-        log.info("model '%s': %s, so its %s instances run on the CPU", config.name, why_not(backend),
+        log.info("model '%s': %s, so its %s instances run on the CPU", config.name, backends.why_not_gpu(backend),
                  "KIND_AUTO" if config.instance_group else "default")
     if not config.instance_group:
         total = (len(placeable) or 1) if workers == "auto" else int(workers)

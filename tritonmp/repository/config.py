@@ -15,68 +15,11 @@ from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .. import datatypes
+from .. import backends, datatypes
 from . import model_io, onnx_graph, ragged, reshape, warmup
 from .problems import ConfigProblem
 
 ModelConfig = mc.ModelConfig
-
-# backend name -> (platform Triton reports, default model file name)
-BACKENDS = {
-    "onnxruntime": ("onnxruntime_onnx", "model.onnx"),
-    "python": ("", "model.py"),
-    "pytorch": ("pytorch_libtorch", "model.pt"),
-    "openvino": ("", "model.xml"),
-    "tensorflow": ("tensorflow_savedmodel", "model.savedmodel"),
-    "tensorrt": ("tensorrt_plan", "model.plan"),
-    "ensemble": ("ensemble", ""),  # runs in the frontend; its version directories hold no file
-}
-PLATFORM_BACKEND = {
-    "onnxruntime_onnx": "onnxruntime",
-    "pytorch_libtorch": "pytorch",
-    "tensorrt_plan": "tensorrt",
-    "tensorflow_savedmodel": "tensorflow",
-    "tensorflow_graphdef": "tensorflow",
-    "ensemble": "ensemble",
-}
-# (platform, default file) of the platforms that share a backend with the one in BACKENDS
-OTHER_PLATFORMS = {"tensorflow_graphdef": "model.graphdef"}
-# the model files a version directory may hold, in the order they are looked for when a config
-# names neither backend nor platform, with the (backend, platform) each means
-MODEL_FILES = {
-    "model.onnx": ("onnxruntime", "onnxruntime_onnx"), "model.py": ("python", ""),
-    "model.pt": ("pytorch", "pytorch_libtorch"), "model.plan": ("tensorrt", "tensorrt_plan"),
-    "model.savedmodel": ("tensorflow", "tensorflow_savedmodel"),
-    "model.graphdef": ("tensorflow", "tensorflow_graphdef"), "model.xml": ("openvino", ""),
-}
-# backends whose framework is an optional extra, imported only in their workers:
-# backend -> (module, the extra that installs it)
-FRAMEWORKS = {
-    "pytorch": ("torch", "torch"),
-    "openvino": ("openvino", "openvino"),
-    "tensorflow": ("tensorflow", "tensorflow"),
-    "tensorrt": ("tensorrt", "tensorrt"),
-}
-# backends whose model files describe their tensors, read by their framework in a short-lived
-# process when the config leaves its tensors to auto-complete
-INSPECTED = ("openvino", "tensorflow", "tensorrt")
-
-
-def framework_missing(backend: str) -> str:
-    """Why `backend` cannot run here, with the install line that fixes it; "" when it can."""
-    import importlib.util
-
-    if backend not in FRAMEWORKS:
-        return ""
-    module, extra = FRAMEWORKS[backend]
-    try:
-        if importlib.util.find_spec(module) is not None:
-            return ""
-    except (ImportError, ValueError):
-        pass
-    return (f"the {backend} backend needs the '{module}' package, which is not installed; "
-            f"install it with: pip install 'tritonmp[{extra}]'")
-
 
 @dataclass
 class Completed:
@@ -109,28 +52,22 @@ def resolve_backend(config: mc.ModelConfig, model_dir: str, versions: list[int],
     """(backend, platform) from `backend`, `platform`, or the model file that is present."""
     if config.backend:
         backend = config.backend
-        if config.platform and PLATFORM_BACKEND.get(config.platform, backend) != backend:
+        if config.platform and backends.PLATFORMS.get(config.platform, backend) != backend:
             raise ConfigProblem(path, "platform", f"platform '{config.platform}' does not go with "
                                 f"backend '{backend}'; give one of them, or a matching pair")
         platform = config.platform
-        if not platform and backend == "tensorflow":  # which format, from the file that is there
-            platform = "tensorflow_savedmodel"
-            for v in reversed(versions):
-                if config.default_model_filename.endswith(".graphdef") or \
-                        os.path.exists(os.path.join(model_dir, str(v), "model.graphdef")):
-                    platform = "tensorflow_graphdef"
-                    break
-                if os.path.exists(os.path.join(model_dir, str(v), "model.savedmodel")):
-                    break
+        described = backends.get(backend)
+        if not platform and described is not None and len(described.formats) > 1:
+            platform = _format_present(described, config, model_dir, versions)
     elif config.platform:
-        if config.platform not in PLATFORM_BACKEND:
+        if config.platform not in backends.PLATFORMS:
             raise ConfigProblem(path, "platform", f"unknown platform '{config.platform}'; known: "
-                                + ", ".join(sorted(PLATFORM_BACKEND)))
-        backend, platform = PLATFORM_BACKEND[config.platform], config.platform
+                                + ", ".join(sorted(backends.PLATFORMS)))
+        backend, platform = backends.PLATFORMS[config.platform], config.platform
     else:
         found = None
         for v in reversed(versions):
-            for fname, pair in MODEL_FILES.items():
+            for fname, pair in backends.MODEL_FILES.items():
                 if os.path.exists(os.path.join(model_dir, str(v), config.default_model_filename or fname)):
                     found = pair
                     break
@@ -138,16 +75,30 @@ def resolve_backend(config: mc.ModelConfig, model_dir: str, versions: list[int],
                 break
         if found is None:
             raise ConfigProblem(path, "backend", "no backend or platform given and no model file "
-                                "(" + ", ".join(MODEL_FILES) + ") found in a version directory; set "
+                                "(" + ", ".join(backends.MODEL_FILES) + ") found in a version directory; set "
                                 "backend or platform")
         backend, platform = found
-    if backend not in BACKENDS:
-        known = ", ".join(sorted(BACKENDS))
+    described = backends.get(backend)
+    if described is None:
+        known = ", ".join(sorted(backends.BACKENDS))
         raise ConfigProblem(path, "backend", f"backend '{backend}' is not available in this server "
                             f"(available: {known})")
-    if backend != "tensorflow":
-        platform = BACKENDS[backend][0]
+    if len(described.formats) == 1:
+        platform = described.platform
     return backend, platform
+
+
+def _format_present(backend: backends.Backend, config: mc.ModelConfig, model_dir: str, versions: list[int]) -> str:
+    """The platform of a backend with several model formats, from the model file named or present in
+    the newest version that has one (its other formats looked for before its default); the default
+    where none is."""
+    formats = [*backend.formats[1:], backend.formats[0]]
+    for v in reversed(versions):
+        for f in formats:
+            if config.default_model_filename.endswith(os.path.splitext(f.file)[1]) or \
+                    os.path.exists(os.path.join(model_dir, str(v), f.file)):
+                return f.platform
+    return backend.platform
 
 
 def load(model_dir: str, auto_complete: bool = True, override: str | None = None,
@@ -209,7 +160,8 @@ def check_all(model_dir: str, auto_complete: bool = True, override: str | None =
         backend, platform = resolve_backend(config, model_dir, versions, path)
     except ConfigProblem as e:
         return problems + [e]
-    default_file = OTHER_PLATFORMS.get(platform) or BACKENDS[backend][1]
+    described = backends.BACKENDS[backend]
+    default_file = next((f.file for f in described.formats if f.platform == platform), described.default_file)
     config.backend = "" if backend == "ensemble" else backend
     config.platform = platform
     if not config.default_model_filename:
@@ -222,10 +174,10 @@ def check_all(model_dir: str, auto_complete: bool = True, override: str | None =
         problems.append(ConfigProblem(model_dir, "default_model_filename", (
             # Triton's words (its qa greps the log for them; clients see the path from the repository)
             f"Failed to preinitialize Python stub: Python model file not found in '{missing}'"
-            if backend == "python" and missing else
+            if described.stub and missing else
             f"no version directory holds '{config.default_model_filename}'")))
         return problems
-    if backend == "python" and auto_complete:
+    if described.tensors_from == "model" and auto_complete:
         model_py = os.path.join(model_dir, str(present[-1]), config.default_model_filename)
         try:
             python_complete(config, model_py)
@@ -233,10 +185,10 @@ def check_all(model_dir: str, auto_complete: bool = True, override: str | None =
             return problems + [e]
     sizes = max_batch_sizes or {}
     default_batch = sizes.get(backend, sizes.get("", model_io.DEFAULT_MAX_BATCH_SIZE))
-    missing = framework_missing(backend)
+    missing = backends.framework_missing(backend)
     if missing:
         return problems + [ConfigProblem(path, "backend", missing)]
-    if backend in INSPECTED:
+    if described.tensors_from == "framework":
         model_file = os.path.join(model_dir, str(present[-1]), config.default_model_filename)
         incomplete = not config.input or not config.output
         if inspect or (auto_complete and incomplete):
@@ -244,7 +196,7 @@ def check_all(model_dir: str, auto_complete: bool = True, override: str | None =
                 graph, max_batch = framework_io(backend, model_file, config, default_batch)
             except ConfigProblem as e:
                 return problems + [e]
-            what = model_io.model_kind(backend, platform)
+            what = backends.model_kind(backend, platform)
             if auto_complete:
                 model_io.complete(config, graph, max_batch)
             problems += model_io.check(config, graph, path, what, all_inputs=True)
@@ -252,11 +204,9 @@ def check_all(model_dir: str, auto_complete: bool = True, override: str | None =
             problems.append(ConfigProblem(path, "input" if not config.input else "output",
                                           "missing, and auto-complete is disabled (--disable-auto-complete-config); "
                                           "list every input and output"))
-    if backend == "pytorch" and (not config.input or not config.output):
-        problems.append(ConfigProblem(path, "input" if not config.input else "output",
-                                      "a TorchScript model does not describe its tensors: list every input and "
-                                      "output, named INPUT__0, OUTPUT__0, ... or in forward()'s order"))
-    if backend == "onnxruntime":
+    if described.tensors_needed and (not config.input or not config.output):
+        problems.append(ConfigProblem(path, "input" if not config.input else "output", described.tensors_needed))
+    if described.tensors_from == "onnx":
         graph_file = os.path.join(model_dir, str(present[-1]), config.default_model_filename)
         try:
             graph = onnx_graph.read_io(graph_file)
@@ -310,7 +260,7 @@ def framework_io(backend: str, model_file: str, config: mc.ModelConfig,
     import sys
 
     env = dict(os.environ)
-    if backend != "tensorrt":  # a TensorRT engine is deserialised on a GPU; the others need none
+    if not backends.BACKENDS[backend].introspect_on_gpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
@@ -419,7 +369,7 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
             problems.append(ConfigProblem(path, "sequence_batching", "a model has either dynamic_batching or "
                                           "sequence_batching, not both"))
         problems += _check_states(config, path)
-        if sb.iterative_sequence and config.backend != "python":
+        if sb.iterative_sequence and not backends.one_by_one(config.backend):
             problems.append(ConfigProblem(
                 path, "sequence_batching.iterative_sequence", f"not served for the {config.backend or 'model'}'s "
                 "backend: an iterative sequence runs for as long as its model reschedules its request, and only a "
@@ -434,7 +384,7 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
                     problems.append(ConfigProblem(path, f"sequence_batching.control_input[{i}]",
                                                   f"control '{c.name}' needs a false and a true value "
                                                   "(int32_false_true, fp32_false_true or bool_false_true)"))
-    if config.model_transaction_policy.decoupled and config.backend not in ("python", ""):
+    if config.model_transaction_policy.decoupled and config.backend and not backends.one_by_one(config.backend):
         problems.append(ConfigProblem(path, "model_transaction_policy.decoupled",
                                       f"only python models can be decoupled here, not {config.backend} ones"))
     for i, group in enumerate(config.instance_group):

@@ -11,15 +11,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 from .problems import ConfigProblem
 
 DEFAULT_MAX_BATCH_SIZE = 4  # Triton's default-max-batch-size, which its auto-complete picks
-# how messages name a model, by platform or else backend
-MODEL_KINDS = {"onnxruntime": "ONNX model", "openvino": "OpenVINO model", "tensorrt": "TensorRT engine",
-               "tensorflow_graphdef": "TensorFlow GraphDef", "tensorflow_savedmodel": "TensorFlow SavedModel signature"}
-
-
-def model_kind(backend: str, platform: str = "") -> str:
-    """How messages name a model of this backend and platform ("ONNX model", "TensorRT engine", ...)."""
-    return MODEL_KINDS.get(platform) or MODEL_KINDS.get(backend, f"{backend} model")
-
 
 @dataclass
 class GraphTensor:

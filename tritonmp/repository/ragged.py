@@ -13,6 +13,8 @@ import math
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from .. import backends
+
 Kind = mc.BatchInput.Kind
 
 _DTYPES = {mc.TYPE_INT32: ("INT32", np.int32), mc.TYPE_FP32: ("FP32", np.float32)}
@@ -75,9 +77,10 @@ def problems(config: mc.ModelConfig) -> list[tuple[str, str]]:
     """(field, problem) of a config's ragged batching, as Triton would refuse it."""
     out = []
     inputs = {t.name for t in config.input}
-    if (config.batch_input or config.batch_output) and config.backend == "python":
-        out.append(("batch_input" if config.batch_input else "batch_output", "the python backend takes a batch's "
-                    "requests one by one, so it has no batch inputs or outputs; read each request's own tensors"))
+    if (config.batch_input or config.batch_output) and backends.one_by_one(config.backend):
+        out.append(("batch_input" if config.batch_input else "batch_output", f"the {config.backend} backend takes a "
+                    "batch's requests one by one, so it has no batch inputs or outputs; read each request's own "
+                    "tensors"))
     for i, b in enumerate(config.batch_input):
         field = f"batch_input[{i}]"
         if b.data_type not in _DTYPES:

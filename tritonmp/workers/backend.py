@@ -143,11 +143,12 @@ def check_io(config: dict, inputs: list[dict], outputs: list[dict], **options) -
     from google.protobuf import json_format
     from tritonclient.grpc import model_config_pb2 as mc
 
+    from tritonmp import backends
     from tritonmp.repository import model_io
 
     proto = json_format.ParseDict(config, mc.ModelConfig(), ignore_unknown_fields=True)
     graph = model_io.from_specs(inputs), model_io.from_specs(outputs)
-    what = model_io.model_kind(config.get("backend", ""), config.get("platform", ""))
+    what = backends.model_kind(config.get("backend", ""), config.get("platform", ""))
     problems = model_io.check(proto, graph, "config.pbtxt", what, all_inputs=True, **options)
     if problems:
         raise BackendError("the configuration does not match the model: " + "; ".join(str(p) for p in problems))

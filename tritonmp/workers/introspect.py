@@ -10,23 +10,22 @@ engine's profiles), on stdout; or the reason on stderr's last line with exit cod
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Callable
 
+from .. import backends
 from .backend import BackendError
 
 
 def describe(backend: str, path: str, config: dict) -> tuple:
-    read: Callable[[str, dict], tuple]
-    if backend == "openvino":
-        from .openvino_backend import describe as read
-    elif backend == "tensorflow":
-        from .tensorflow_backend import describe as read
-    elif backend == "tensorrt":
-        from .tensorrt_backend import describe as read
-    else:
+    """The model's tensors, read by its backend's module (its `describe(path, config)`)."""
+    described = backends.get(backend)
+    if described is None or described.tensors_from != "framework":
         raise BackendError(f"the {backend} backend's models are not read here")
+    module = importlib.import_module(f"tritonmp.workers.{described.worker.split(':')[0]}")
+    read: Callable[[str, dict], tuple] = module.describe
     return read(path, config)
 
 

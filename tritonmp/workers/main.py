@@ -23,7 +23,7 @@ from collections import deque
 
 import numpy as np
 
-from tritonmp import datatypes
+from tritonmp import backends, datatypes
 from tritonmp.ipc import transport
 from tritonmp.ipc.arena import Arena
 
@@ -62,22 +62,14 @@ def set_process_name(name: str) -> None:
         pass
 
 
-# backend name -> (module of this package, class), imported only by the worker that runs it
-BACKENDS = {
-    "onnxruntime": ("onnxruntime_backend", "OnnxRuntimeBackend"),
-    "python": ("python_backend", "PythonBackend"),
-    "pytorch": ("pytorch_backend", "PyTorchBackend"),
-    "openvino": ("openvino_backend", "OpenVinoBackend"),
-    "tensorflow": ("tensorflow_backend", "TensorFlowBackend"),
-    "tensorrt": ("tensorrt_backend", "TensorRTBackend"),
-}
 
 
 def load_backend(spec: transport.WorkerSpec, config: dict, host: WorkerHost) -> Backend:
     """The instance's backend, prepared (`Backend.prepare`) and then built with its model loaded."""
-    if spec.backend not in BACKENDS:
+    described = backends.get(spec.backend)
+    if described is None or not described.worker:
         raise BackendError(f"backend '{spec.backend}' is not available in this server")
-    module, name = BACKENDS[spec.backend]
+    module, name = described.worker.split(":")  # imported only by the worker that runs it
     cls: type[Backend] = getattr(importlib.import_module(f".{module}", __package__), name)
     cls.prepare(host)
     return cls(spec, config)

@@ -3,10 +3,10 @@ the workers of one backend need and then forks each of them, so that what it imp
 among them, page for page, until one of them writes to it.
 
 What it imports is the worker runtime (numpy, msgspec, this package's worker modules) and, where
-that pays off and is safe to fork, the framework (`PRELOAD`); nothing it does touches CUDA, so a
-forked worker starts with no CUDA context and sets up its own GPU as an exec'd one does. Before it
-forks it freezes its heap out of the garbage collector, whose passes would otherwise write to every
-object they visit, and so copy the pages the workers share.
+that pays off and is safe to fork, the framework (the backend's `preload`, in tritonmp.backends);
+nothing it does touches CUDA, so a forked worker starts with no CUDA context and sets up its own GPU
+as an exec'd one does. Before it forks it freezes its heap out of the garbage collector, whose
+passes would otherwise write to every object they visit, and so copy the pages the workers share.
 
 It speaks with the frontend over a SOCK_SEQPACKET socket (template_protocol.py; the frontend's
 end is instances/templates.py):
@@ -32,7 +32,7 @@ import traceback
 
 import msgspec
 
-from tritonmp import testing
+from tritonmp import backends, testing
 from tritonmp.ipc import template_protocol as wire
 from tritonmp.ipc import transport
 
@@ -41,16 +41,12 @@ from .main import die_with_parent, run_worker, set_process_name
 # backend -> the modules its template imports beyond the worker runtime. Only frameworks that
 # import without starting threads or touching a GPU: TensorFlow starts threads at import and
 # OpenVINO and TensorRT load their plugins at import, so their workers import them after the fork.
-PRELOAD = {
-    "python": ["tritonmp.workers.python_backend", "tritonmp.workers.pb_utils"],
-    "onnxruntime": ["tritonmp.workers.onnxruntime_backend", "onnxruntime"],
-    "pytorch": ["tritonmp.workers.pytorch_backend", "torch"],
-}
 
 
 def _preload(backend: str) -> wire.Ready:
     preloaded, failed = [], []
-    for module in ["numpy", *PRELOAD.get(backend, [])]:
+    described = backends.get(backend)
+    for module in ["numpy", *(described.preload if described is not None else ())]:
         try:
             importlib.import_module(module)
             preloaded.append(module)
