@@ -44,12 +44,10 @@ LARGE = {
 # Functions over MAX_FUNCTION_LINES, each with the reason it is one function.
 MAX_FUNCTION_LINES = 60
 LONG_FUNCTIONS = {
-    "repository/config.py:check_all": "Triton's checks of a whole config in Triton's order, each reported as found",
     "repository/config.py:check_fields": "one check per field of ModelConfig that Triton validates, in its order",
     "repository/model_io.py:check": "config against model, tensor by tensor, every mismatch reported at once",
     "cli.py:serve_parser": "the argparse declarations of Triton's flags, one statement each",
     "cli.py:serve": "flags to settings, one statement each, in the order Triton applies them",
-    "reports/metrics.py:render": "one Prometheus family after another, in the order Triton exports them",
     "validation.py:_check_in_order": "the rules of a request, in Triton's order and words, for whatever the "
                                      "one pass does not take",
     "frontends/http_codec.py:_general_request": "the KServe JSON request in full, every field in the order Triton "

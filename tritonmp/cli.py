@@ -13,8 +13,14 @@ from .frontends.header_forwarding import compile_pattern
 from .frontends.http_protocol import Limits
 from .frontends.restricted import GRPC_HEADER_PREFIX, Restrictions
 from .logs import get_logger
+from .settings import DEFAULTS, ServerSettings, SettingsError
 
 _bool = triton_flags.parse_bool
+
+
+# the flag of each setting that a rule between settings names (ServerSettings.check)
+FLAGS = {"load_models": "--load-model", "model_control": "--model-control-mode", "load_on_demand": "--load-on-demand",
+         "max_resident_models": "--max-resident-models", "max_resident_memory_bytes": "--max-resident-memory-mb"}
 
 
 def _workers(text: str) -> str:
@@ -51,18 +57,18 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-http", type=_bool, default=True)
     p.add_argument("--allow-grpc", type=_bool, default=True)
     p.add_argument("--allow-metrics", type=_bool, default=True)
-    p.add_argument("--allow-gpu-metrics", type=_bool, default=True)
-    p.add_argument("--allow-cpu-metrics", type=_bool, default=True)
-    p.add_argument("--metrics-interval-ms", type=float, default=2000.0)
+    p.add_argument("--allow-gpu-metrics", type=_bool, default=DEFAULTS.gpu_metrics)
+    p.add_argument("--allow-cpu-metrics", type=_bool, default=DEFAULTS.cpu_metrics)
+    p.add_argument("--metrics-interval-ms", type=float, default=DEFAULTS.metrics_interval * 1000)
     p.add_argument("--trace-config", action="append", default=[], metavar="[triton,]KEY=VALUE",
                    help="tracing: file=PATH, level=OFF|TIMESTAMPS, rate=N, count=N, log-frequency=N")
     p.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
                    help="the response cache, for models whose config enables response_cache")
-    p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
+    p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default=DEFAULTS.model_control)
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="with --model-control-mode=explicit: a model to load at startup ('*' for all)")
-    p.add_argument("--repository-poll-secs", type=float, default=15.0)
-    p.add_argument("--allow-client-shm", type=_bool, default=False,
+    p.add_argument("--repository-poll-secs", type=float, default=DEFAULTS.poll_secs)
+    p.add_argument("--allow-client-shm", type=_bool, default=DEFAULTS.allow_client_shm,
                    help="let clients register system shared-memory regions (off by default, as in Triton)")
     p.add_argument("--grpc-engine", choices=("builtin", "grpcio"), default="builtin",
                    help="what carries gRPC: this server's own HTTP/2 (builtin, the fast one) or grpc.aio")
@@ -71,29 +77,29 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-server-cert", default="")
     p.add_argument("--grpc-server-key", default="")
     p.add_argument("--grpc-root-cert", default="")
-    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--log-verbose", type=int, default=DEFAULTS.log_verbose)
     p.add_argument("--log-info", type=_bool, default=True)
     p.add_argument("--log-warning", type=_bool, default=True)
     p.add_argument("--log-error", type=_bool, default=True)
     p.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
     p.add_argument("--log-file", default="")
-    p.add_argument("--strict-readiness", type=_bool, default=True)
-    p.add_argument("--exit-on-error", type=_bool, default=True,
+    p.add_argument("--strict-readiness", type=_bool, default=DEFAULTS.strict_readiness)
+    p.add_argument("--exit-on-error", type=_bool, default=DEFAULTS.exit_on_error,
                    help="exit when a model fails to load at startup (Triton's default)")
-    p.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    p.add_argument("--exit-timeout-secs", type=float, default=DEFAULTS.exit_timeout)
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument("--strict-model-config", type=_bool, default=None,
                    help="deprecated Triton spelling of --disable-auto-complete-config")
-    p.add_argument("--workers", type=_workers, default="auto",
+    p.add_argument("--workers", type=_workers, default=DEFAULTS.workers,
                    help="instances for models without instance_group: auto (one per visible GPU, or one "
                         "CPU instance without GPUs) or a count")
-    p.add_argument("--execution-timeout-secs", type=float, default=0.0,
+    p.add_argument("--execution-timeout-secs", type=float, default=DEFAULTS.execution_timeout,
                    help="kill and restart a worker whose batch runs longer than this (0: no limit); a model "
                         "may set its own with the config parameter execution_timeout_secs")
-    p.add_argument("--model-load-timeout-secs", type=float, default=600.0,
+    p.add_argument("--model-load-timeout-secs", type=float, default=DEFAULTS.load_timeout,
                    help="kill a worker that has not loaded its model after this long, failing the load (0: wait "
                         "forever)")
-    p.add_argument("--busy-poll-us", type=_count, default=500, metavar="US",
+    p.add_argument("--busy-poll-us", type=_count, default=DEFAULTS.busy_poll_us, metavar="US",
                    help="after sending a batch to a worker, and after its answer, the server polls for up to "
                         "this many microseconds instead of sleeping, which saves a wake-up's latency at low "
                         "concurrency at the cost of a busy core meanwhile (0: never poll)")
@@ -114,28 +120,29 @@ def serve_parser() -> argparse.ArgumentParser:
                    help="the largest gRPC request message, as received and as decompressed (RESOURCE_EXHAUSTED "
                         "beyond it; a message whose prefix declares more is refused before its bytes are read); "
                         "default Triton's, INT32_MAX")
-    p.add_argument("--worker-heap-retain-mb", type=_retain_mib, default=1024, metavar="MIB",
+    p.add_argument("--worker-heap-retain-mb", type=_retain_mib, default=DEFAULTS.heap_retain_bytes >> 20, metavar="MIB",
                    help="memory a worker's model frees is kept, up to this many MiB, for its next allocations "
                         "instead of going back to the kernel at once, so a model that makes large arrays per "
                         "request does not fault in fresh pages for each; all of it goes back after 10 s "
                         "without a batch (0: the C library's own policy; at most 2047)")
-    p.add_argument("--worker-start", choices=["fork", "exec"], default="fork",
+    p.add_argument("--worker-start", choices=["fork", "exec"], default=DEFAULTS.worker_start,
                    help="how worker processes start: forked from a template process per backend, which has "
                         "imported what that backend's workers need once for all of them to share (fork), or "
                         "each with a fresh interpreter that imports everything itself (exec)")
     p.add_argument("--load-on-demand", action="store_true",
                    help="load a model of the repositories when a request first asks for it (the request waits for "
                         "the load) instead of at startup; with --model-control-mode none or explicit")
-    p.add_argument("--max-resident-models", type=_count, default=0, metavar="N",
+    p.add_argument("--max-resident-models", type=_count, default=DEFAULTS.max_resident_models, metavar="N",
                    help="with --load-on-demand: unload the least recently used models not in use when loading one "
                         "more would make more than N resident (0: no limit)")
-    p.add_argument("--max-resident-memory-mb", type=_count, default=0, metavar="MIB",
+    p.add_argument("--max-resident-memory-mb", type=_count, default=DEFAULTS.max_resident_memory_bytes >> 20,
+                   metavar="MIB",
                    help="with --load-on-demand: the same, when the resident models' workers would take more than "
                         "this much memory (PSS) (0: no limit)")
-    p.add_argument("--load-on-demand-timeout-secs", type=float, default=60.0, metavar="SECONDS",
+    p.add_argument("--load-on-demand-timeout-secs", type=float, default=DEFAULTS.load_on_demand_wait, metavar="SECONDS",
                    help="with --load-on-demand: how long a request waits for its model to load before it fails "
                         "UNAVAILABLE (the load goes on; 0: as long as it takes)")
-    p.add_argument("--arena-mb", type=int, default=64,
+    p.add_argument("--arena-mb", type=int, default=DEFAULTS.arena_bytes >> 20,
                    help="size of each worker's input and output shared-memory arena, in MiB")
     triton_flags.add_to(p)
     return p
@@ -204,7 +211,6 @@ def serve(argv: list[str]) -> int:
         MetricsSettings,
     )
     from .gpus import visible_gpus
-    from .settings import ServerSettings
 
     auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
     settings = ServerSettings(
@@ -231,15 +237,10 @@ def serve(argv: list[str]) -> int:
     except ServerError as e:
         log.error("%s", e)
         return 1
-    if args.load_model and args.model_control_mode != "explicit":
-        log.error("--load-model needs --model-control-mode=explicit")
-        return 1
-    if args.load_on_demand and args.model_control_mode == "poll":
-        log.error("--load-on-demand works with --model-control-mode none or explicit: polling would load every "
-                  "model it finds changed")
-        return 1
-    if (args.max_resident_models or args.max_resident_memory_mb) and not args.load_on_demand:
-        log.error("--max-resident-models and --max-resident-memory-mb need --load-on-demand")
+    try:
+        settings.check(lambda name: FLAGS.get(name, name))
+    except SettingsError as e:
+        log.error("%s", e)
         return 1
     limits = Limits(args.http_header_timeout_secs, args.http_body_timeout_secs, args.http_keepalive_timeout_secs,
                     args.max_connections)

@@ -1,10 +1,15 @@
 """The server's settings: one object, made once from the `tritonmp` command's flags (cli.py) or
 from the in-process API's Options (tritonserver/_server.py), and read by every part that the server
 builds from it (the runtime, the server API, the model manager, each model version). Plain values
-only; the objects the server is given (log settings, tracer, response cache) travel beside it."""
+only; the objects the server is given (log settings, tracer, response cache) travel beside it.
+
+The defaults and the rules between settings are stated here once (`check`); the command line and
+the in-process Options only map their names onto these fields and say the rules' words in their
+own names."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 DEFAULT_BUSY_POLL_US = 500  # --busy-poll-us
@@ -23,7 +28,7 @@ class ServerSettings:
     arena_bytes: int = 64 << 20  # each worker's input and output arena
     log_verbose: int = 0
     execution_timeout: float = 0.0  # a batch that runs longer kills its worker (0: no limit)
-    load_timeout: float = 0.0  # a model not loaded after this long fails its load (0: no limit)
+    load_timeout: float = 600.0  # a model not loaded after this long fails its load (0: no limit)
     busy_poll_us: int = DEFAULT_BUSY_POLL_US  # the loop polls this long after a batch
     heap_retain_bytes: int = 1 << 30  # --worker-heap-retain-mb: freed memory a worker keeps for reuse
     worker_start: str = "fork"  # --worker-start: "fork" from a template per backend, or "exec" each
@@ -47,3 +52,22 @@ class ServerSettings:
     metrics_interval: float = 2.0  # seconds between samples of the CPU and GPU figures
     # the settings it was started with that differ from their defaults, as the status page shows them
     flags: dict[str, object] = field(default_factory=dict)
+
+    def check(self, name: Callable[[str], str] = lambda field: field) -> None:
+        """Refuse settings that contradict each other, with SettingsError; `name` says a field as the
+        caller's users know it (a flag, an Options attribute)."""
+        if self.load_models and self.model_control != "explicit":
+            raise SettingsError(f"{name('load_models')} needs {name('model_control')} explicit")
+        if self.load_on_demand and self.model_control == "poll":
+            raise SettingsError(f"{name('load_on_demand')} works with {name('model_control')} none or explicit: "
+                                "polling would load every model it finds changed")
+        if (self.max_resident_models or self.max_resident_memory_bytes) and not self.load_on_demand:
+            raise SettingsError(f"{name('max_resident_models')} and {name('max_resident_memory_bytes')} need "
+                                f"{name('load_on_demand')}")
+
+
+class SettingsError(ValueError):
+    """Settings that contradict each other."""
+
+
+DEFAULTS = ServerSettings(repositories=[])  # every default, for the command line's flags

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from .settings import DEFAULTS
+
 # flag -> why it means nothing in this server
 IGNORED = {
     "--model-load-thread-count": "models load concurrently, each instance in a worker process of its own",
@@ -60,7 +62,7 @@ def add_to(parser: argparse.ArgumentParser) -> None:
                         help="HTTP request headers whose name this matches reach the model as request parameters")
     parser.add_argument("--grpc-header-forward-pattern", default="", metavar="REGEX",
                         help="gRPC request metadata whose key this matches reach the model as request parameters")
-    parser.add_argument("--id", default="triton", help="the server's name in its metadata")
+    parser.add_argument("--id", default=DEFAULTS.server_id, help="the server's name in its metadata")
     parser.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]SETTING=VALUE",
                         help="Triton's backend settings: default-max-batch-size is honoured, others are ignored")
     parser.add_argument("--model-config-name", default="",

@@ -116,14 +116,43 @@ def load(model_dir: str, auto_complete: bool = True, override: str | None = None
 
 def check_all(model_dir: str, auto_complete: bool = True, override: str | None = None, inspect: bool = False,
               max_batch_sizes: dict[str, int] | None = None, config_name: str = "") -> Completed | list[ConfigProblem]:
-    """Every problem of the model in `model_dir`, or its completed configuration. With `inspect`,
+    """Every problem of the model in `model_dir`, or its completed configuration: its config read,
+    its model files found, the config completed, then checked, in Triton's order. With `inspect`,
     a framework model's files are read (in a short-lived process) to check the config against them
     even where nothing needs completing, as `tritonmp check` does; otherwise its worker checks that
     when it loads. `max_batch_sizes` (backend, or "" for all -> size) is the max_batch_size that
     auto-complete gives a batchable model (Triton's --backend-config default-max-batch-size);
     `config_name` picks configs/NAME.pbtxt over config.pbtxt where it exists (--model-config-name)."""
     model_dir = os.path.abspath(model_dir)
+    read = read_config(model_dir, auto_complete, override, config_name)
+    if isinstance(read, ConfigProblem):
+        return [read]
+    config, path = read
+    problems = []
     name = os.path.basename(model_dir)
+    if not config.name:
+        config.name = name
+    elif config.name != name:
+        problems.append(ConfigProblem(path, "name", f"'{config.name}' differs from the model's directory "
+                                      f"name '{name}'; they must be the same"))
+    found = find_model(config, model_dir, path)
+    if isinstance(found, ConfigProblem):
+        return problems + [found]
+    done, more = complete(config, found, path, auto_complete, inspect, max_batch_sizes or {})
+    problems += more
+    if not done:
+        return problems
+    problems += check(config, found, path)
+    if problems:
+        return problems
+    normalize(config)
+    return Completed(config=config, backend=found.backend.name, model_dir=model_dir, versions=found.present)
+
+
+def read_config(model_dir: str, auto_complete: bool, override: str | None,
+                config_name: str) -> tuple[mc.ModelConfig, str] | ConfigProblem:
+    """The model's config as written (config.pbtxt, configs/NAME.pbtxt, or a load request's JSON; an
+    empty one to auto-complete where there is none), and where it came from."""
     path = os.path.join(model_dir, "config.pbtxt")
     if config_name and os.path.isfile(os.path.join(model_dir, "configs", config_name + ".pbtxt")):
         path = os.path.join(model_dir, "configs", config_name + ".pbtxt")
@@ -133,99 +162,117 @@ def check_all(model_dir: str, auto_complete: bool = True, override: str | None =
         try:
             json_format.Parse(override, config)
         except json_format.ParseError as e:
-            return [ConfigProblem(path, "", f"not a valid ModelConfig in JSON: {e}")]
-    elif os.path.exists(path):
+            return ConfigProblem(path, "", f"not a valid ModelConfig in JSON: {e}")
+        return config, path
+    if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             try:
-                config = parse_text(f.read(), path)
+                return parse_text(f.read(), path), path
             except ConfigProblem as e:
-                return [e]
-    elif auto_complete:
-        config = mc.ModelConfig()
-    else:
-        return [ConfigProblem(path, "", "missing, and auto-complete is disabled "
-                              "(--disable-auto-complete-config); write a config.pbtxt")]
-    problems: list[ConfigProblem] = []
-    if not config.name:
-        config.name = name
-    elif config.name != name:
-        problems.append(ConfigProblem(path, "name", f"'{config.name}' differs from the model's directory "
-                                      f"name '{name}'; they must be the same"))
+                return e
+    if auto_complete:
+        return mc.ModelConfig(), path
+    return ConfigProblem(path, "", "missing, and auto-complete is disabled (--disable-auto-complete-config); write "
+                         "a config.pbtxt")
+
+
+@dataclass
+class FoundModel:
+    """A model's backend and platform, and the versions whose directory holds its model file."""
+
+    backend: backends.Backend
+    platform: str
+    model_dir: str
+    present: list[int]
+
+    def newest_file(self, config: mc.ModelConfig) -> str:
+        return os.path.join(self.model_dir, str(self.present[-1]), config.default_model_filename)
+
+
+def find_model(config: mc.ModelConfig, model_dir: str, path: str) -> FoundModel | ConfigProblem:
+    """The model's backend, platform and model files; the config gets the backend, the platform and
+    the default model file name it leaves out."""
     versions = version_dirs(model_dir)
     if not versions:
-        problems.append(ConfigProblem(model_dir, "", "no version directory (a directory named by a "
-                                      "number, such as 1/, holding the model file)"))
-        return problems
+        return ConfigProblem(model_dir, "", "no version directory (a directory named by a number, such as 1/, "
+                             "holding the model file)")
     try:
         backend, platform = resolve_backend(config, model_dir, versions, path)
     except ConfigProblem as e:
-        return problems + [e]
+        return e
     described = backends.BACKENDS[backend]
-    default_file = next((f.file for f in described.formats if f.platform == platform), described.default_file)
     config.backend = "" if backend == "ensemble" else backend
     config.platform = platform
     if not config.default_model_filename:
-        config.default_model_filename = default_file
-    present = [v for v in versions
-               if backend == "ensemble"
+        config.default_model_filename = next((f.file for f in described.formats if f.platform == platform),
+                                             described.default_file)
+    present = [v for v in versions if backend == "ensemble"
                or os.path.exists(os.path.join(model_dir, str(v), config.default_model_filename))]
     if not present:
-        missing = os.path.join(model_dir, str(versions[-1]), config.default_model_filename) if versions else ""
-        problems.append(ConfigProblem(model_dir, "default_model_filename", (
+        missing = os.path.join(model_dir, str(versions[-1]), config.default_model_filename)
+        return ConfigProblem(model_dir, "default_model_filename", (
             # Triton's words (its qa greps the log for them; clients see the path from the repository)
             f"Failed to preinitialize Python stub: Python model file not found in '{missing}'"
-            if described.stub and missing else
-            f"no version directory holds '{config.default_model_filename}'")))
-        return problems
-    if described.tensors_from == "model" and auto_complete:
-        model_py = os.path.join(model_dir, str(present[-1]), config.default_model_filename)
+            if described.stub else f"no version directory holds '{config.default_model_filename}'"))
+    return FoundModel(described, platform, model_dir, present)
+
+
+def complete(config: mc.ModelConfig, found: FoundModel, path: str, auto_complete: bool, inspect: bool,
+             max_batch_sizes: dict[str, int]) -> tuple[bool, list[ConfigProblem]]:
+    """Complete the config's inputs, outputs and max_batch_size from the model as its backend reads it
+    (the model's own auto_complete_config, its framework in a short-lived process, or the ONNX graph),
+    checking the config against what was read; whether checking may go on, and the problems found."""
+    backend = found.backend
+    problems: list[ConfigProblem] = []
+    if backend.tensors_from == "model" and auto_complete:
         try:
-            python_complete(config, model_py)
+            python_complete(config, found.newest_file(config))
         except ConfigProblem as e:
-            return problems + [e]
-    sizes = max_batch_sizes or {}
-    default_batch = sizes.get(backend, sizes.get("", model_io.DEFAULT_MAX_BATCH_SIZE))
-    missing = backends.framework_missing(backend)
+            return False, [e]
+    default_batch = max_batch_sizes.get(backend.name, max_batch_sizes.get("", model_io.DEFAULT_MAX_BATCH_SIZE))
+    missing = backends.framework_missing(backend.name)
     if missing:
-        return problems + [ConfigProblem(path, "backend", missing)]
-    if described.tensors_from == "framework":
-        model_file = os.path.join(model_dir, str(present[-1]), config.default_model_filename)
+        return False, [ConfigProblem(path, "backend", missing)]
+    if backend.tensors_from == "framework":
         incomplete = not config.input or not config.output
         if inspect or (auto_complete and incomplete):
             try:
-                graph, max_batch = framework_io(backend, model_file, config, default_batch)
+                graph, max_batch = framework_io(backend.name, found.newest_file(config), config, default_batch)
             except ConfigProblem as e:
-                return problems + [e]
-            what = backends.model_kind(backend, platform)
+                return False, [e]
             if auto_complete:
                 model_io.complete(config, graph, max_batch)
-            problems += model_io.check(config, graph, path, what, all_inputs=True)
+            problems += model_io.check(config, graph, path, backends.model_kind(backend.name, found.platform),
+                                       all_inputs=True)
         elif incomplete:
             problems.append(ConfigProblem(path, "input" if not config.input else "output",
                                           "missing, and auto-complete is disabled (--disable-auto-complete-config); "
                                           "list every input and output"))
-    if described.tensors_needed and (not config.input or not config.output):
-        problems.append(ConfigProblem(path, "input" if not config.input else "output", described.tensors_needed))
-    if described.tensors_from == "onnx":
-        graph_file = os.path.join(model_dir, str(present[-1]), config.default_model_filename)
+    if backend.tensors_needed and (not config.input or not config.output):
+        problems.append(ConfigProblem(path, "input" if not config.input else "output", backend.tensors_needed))
+    if backend.tensors_from == "onnx":
+        graph_file = found.newest_file(config)
         try:
             graph = onnx_graph.read_io(graph_file)
         except ValueError as e:
-            return problems + [ConfigProblem(graph_file, "", str(e))]
+            return False, problems + [ConfigProblem(graph_file, "", str(e))]
         if auto_complete:
             model_io.complete(config, graph, default_batch)
         problems += model_io.check(config, graph, path)
-    problems += check_fields(config, path)
-    problems += warmup.check(config, model_dir, path)
-    if backend == "ensemble":
+    return True, problems
+
+
+def check(config: mc.ModelConfig, found: FoundModel, path: str) -> list[ConfigProblem]:
+    """The completed config's own problems: each field as Triton checks it, its warmup samples, and an
+    ensemble's steps."""
+    problems = check_fields(config, path)
+    problems += warmup.check(config, found.model_dir, path)
+    if found.backend.name == "ensemble":
         problems += check_ensemble(config, path)
     elif config.HasField("ensemble_scheduling"):
         problems.append(ConfigProblem(path, "ensemble_scheduling", "only an ensemble (platform: \"ensemble\") "
                                       "has ensemble_scheduling"))
-    if problems:
-        return problems
-    normalize(config)
-    return Completed(config=config, backend=backend, model_dir=model_dir, versions=present)
+    return problems
 
 
 def python_complete(config: mc.ModelConfig, model_py: str) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import ServerError
 from ..observability.log_settings import LogSettings
 from ..scheduling.response_cache import ResponseCache
-from ..settings import ServerSettings
+from ..settings import DEFAULTS, ServerSettings, SettingsError
 from ._engine import Engine
 from ._errors import InternalError, InvalidArgumentError, UnavailableError, UnsupportedError, from_server_error
 from ._model import Model
@@ -109,10 +109,10 @@ class Options:
     metrics_configuration: dict[str, dict[str, str]] = field(default_factory=dict)
     # tritonmp's own, beside Triton's: models loaded on demand under a budget (the command's
     # --load-on-demand, --max-resident-models, --max-resident-memory-mb, --load-on-demand-timeout-secs)
-    load_on_demand: bool = False
-    max_resident_models: int = 0
-    max_resident_memory_mb: int = 0
-    load_on_demand_timeout: float = 60.0
+    load_on_demand: bool = DEFAULTS.load_on_demand
+    max_resident_models: int = DEFAULTS.max_resident_models
+    max_resident_memory_mb: int = DEFAULTS.max_resident_memory_bytes >> 20
+    load_on_demand_timeout: float = DEFAULTS.load_on_demand_wait
 
 
 # what each option must be (checked at start(), as Triton's bindings check them: TypeError)
@@ -354,8 +354,6 @@ class Server:
             cache = ResponseCache(int(local["size"]))
         control = {ModelControlMode.NONE: "none", ModelControlMode.POLL: "poll",
                    ModelControlMode.EXPLICIT: "explicit"}[ModelControlMode(options.model_control_mode)]
-        if options.load_on_demand and control == "poll":
-            raise InvalidArgumentError("Options.load_on_demand works with ModelControlMode.NONE or EXPLICIT")
         settings = ServerSettings(
             list(repos), auto_complete=not options.strict_model_config, default_max_batch_sizes=defaults,
             log_verbose=options.log_verbose, model_control=control, server_id=options.server_id,
@@ -366,7 +364,16 @@ class Server:
             max_resident_models=options.max_resident_models,
             max_resident_memory_bytes=options.max_resident_memory_mb << 20,
             load_on_demand_wait=float(options.load_on_demand_timeout), flags=_given_options(options))
+        try:
+            settings.check(lambda name: _OPTIONS.get(name, f"Options.{name}"))
+        except SettingsError as e:
+            raise InvalidArgumentError(str(e)) from None
         return settings, cache
+
+
+# the Options attribute of each setting that a rule between settings names (ServerSettings.check)
+_OPTIONS = {"model_control": "Options.model_control_mode", "load_models": "Options.startup_models",
+            "max_resident_memory_bytes": "Options.max_resident_memory_mb"}
 
 
 class ModelDictionary(dict):
