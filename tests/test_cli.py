@@ -34,6 +34,29 @@ def test_bad_flag_values_are_refused():
     assert result.returncode == 2 and "expected 0 to 2047 (MiB), got '4096'" in result.stderr
 
 
+def test_flags_that_contradict_each_other_are_refused_in_the_flags_own_words(tmp_path):
+    cases = [(["--load-model", "add"], "--load-model needs --model-control-mode explicit"),
+             (["--load-on-demand", "--model-control-mode", "poll"],
+              "--load-on-demand works with --model-control-mode none or explicit"),
+             (["--max-resident-models", "2"],
+              "--max-resident-models and --max-resident-memory-mb need --load-on-demand")]
+    for flags, words in cases:
+        result = subprocess.run([*TRITONMP, "--model-repository", str(tmp_path), "--http-port", "0", *flags],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1 and words in result.stderr, (flags, result.stderr)
+
+
+def test_the_command_line_takes_its_defaults_from_the_settings():
+    from tritonmp.cli import serve_parser
+    from tritonmp.settings import DEFAULTS
+
+    args = serve_parser().parse_args(["--model-repository", "."])
+    assert (args.model_load_timeout_secs, args.execution_timeout_secs, args.busy_poll_us, args.workers,
+            args.load_on_demand_timeout_secs, args.arena_mb << 20, args.worker_heap_retain_mb << 20, args.id) == (
+        DEFAULTS.load_timeout, DEFAULTS.execution_timeout, DEFAULTS.busy_poll_us, DEFAULTS.workers,
+        DEFAULTS.load_on_demand_wait, DEFAULTS.arena_bytes, DEFAULTS.heap_retain_bytes, DEFAULTS.server_id)
+
+
 def test_missing_repository_is_an_error(tmp_path):
     result = subprocess.run([*TRITONMP, "--model-repository", str(tmp_path / "nope"), "--http-port", "0"],
                             capture_output=True, text=True, timeout=60)

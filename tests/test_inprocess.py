@@ -7,6 +7,7 @@ import ctypes
 import json
 import os
 import queue
+import re
 import resource
 import signal
 import subprocess
@@ -661,6 +662,17 @@ def test_options_without_a_counterpart_are_refused_not_ignored(server):
         list(server.model("add").infer(inputs={"A": ONES, "B": ONES}, output_memory_type="disk"))
     with pytest.raises(tritonserver.InvalidArgumentError, match="asyncio.Queue"):
         server.model("add").infer(inputs={"A": ONES, "B": ONES}, response_queue=asyncio.Queue())
+
+
+def test_options_that_contradict_each_other_are_refused_in_the_options_own_words():
+    repo = str(EXAMPLE_REPO)
+    cases = [(dict(load_on_demand=True, model_control_mode=tritonserver.ModelControlMode.POLL),
+              "Options.load_on_demand works with Options.model_control_mode none or explicit"),
+             (dict(max_resident_models=2),
+              "Options.max_resident_models and Options.max_resident_memory_mb need Options.load_on_demand")]
+    for options, words in cases:
+        with pytest.raises(tritonserver.InvalidArgumentError, match=re.escape(words)):
+            tritonserver.Server(model_repository=repo, **options).start()
 
 
 def test_frontend_options_they_cannot_honour_are_refused(server):

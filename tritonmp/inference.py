@@ -43,7 +43,8 @@ class InferRequest(msgspec.Struct):
     shape_key: tuple = ()
     arrival_ns: int = 0
     queue_ns: int = 0  # how long it waited in the queue, once it is sent to an instance
-    future: asyncio.Future | None = None
+    # set when the request is queued (the scheduler's submit), and read only after that
+    future: asyncio.Future = None  # type: ignore[assignment]
     trace: Any = None  # a tracing.Trace when this request is sampled
     priority: int = 0  # the scheduler's priority level
     deadline_ns: int = 0  # when its queue timeout runs out (0: never)

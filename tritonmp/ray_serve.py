@@ -72,9 +72,7 @@ class TritonmpReplica:
         options.update(model_repository=model_repository, load_on_demand=True,
                        max_resident_models=max_models_per_replica)
         self._server = Server(**options).start(wait_until_ready=True)
-        engine = self._server._engine
-        assert engine is not None and engine.api is not None
-        self._engine = engine
+        engine = self._engine = self._server._check_started()
         self._app = HttpApp(engine.api, None, max_input_size)
         self._held: set[str] = set()  # the models Serve's multiplexing holds on this replica
         self._place = None

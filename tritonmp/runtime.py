@@ -22,9 +22,25 @@ class ServerRuntime:
                  tracer: Tracer | None = None, cache: ResponseCache | None = None):
         self.settings = settings
         self._services = (log_settings, tracer, cache)
-        self.models: ModelManager | None = None
-        self.api: ServerApi | None = None
+        self._models: ModelManager | None = None
+        self._api: ServerApi | None = None
         self.fingerprints: dict = {}  # the repositories as the last poll saw them
+
+    @property
+    def built(self) -> bool:
+        return self._api is not None
+
+    @property
+    def models(self) -> ModelManager:
+        if self._models is None:
+            raise RuntimeError("the server runtime is not built yet")
+        return self._models
+
+    @property
+    def api(self) -> ServerApi:
+        if self._api is None:
+            raise RuntimeError("the server runtime is not built yet")
+        return self._api
 
     async def build(self) -> None:
         """The model manager and the server API (on the loop that will serve them), after removing the
@@ -32,9 +48,8 @@ class ServerRuntime:
         removed = arena.remove_orphans()
         if removed:
             log.warning("removed %d shared-memory segments left by a server that is gone", len(removed))
-        self.models = ModelManager(self.settings)
-        self.api = ServerApi(self.models, *self._services)
-        self.api.serve_models()
+        self._models = ModelManager(self.settings)
+        self._api = ServerApi(self._models, *self._services).serve_models()
 
     async def load_startup(self, names: list[str] | None) -> list[str]:
         """Load every model of the repositories (or the named ones); the failures, one line each."""

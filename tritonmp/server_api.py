@@ -16,7 +16,7 @@ from .lifecycle.model_manager import ModelManager, NotResident, parse_version
 from .logs import get_logger
 from .observability.log_settings import LogSettings
 from .observability.system import SystemSampler
-from .observability.tracing import Tracer
+from .observability.tracing import Trace, Tracer
 from .reports import metrics, status
 from .repository import config as cfg
 from .scheduling.response_cache import ResponseCache
@@ -255,7 +255,8 @@ class ServerApi:
                               f"'{mv.name}' may send any number of responses: use the gRPC ModelStreamInfer stream")
         return mv
 
-    def submit(self, request: InferRequest, endpoint: str = "This call", mv=None) -> asyncio.Future:
+    def submit(self, request: InferRequest, endpoint: str = "This call", mv: ServedVersion | None = None
+               ) -> asyncio.Future:
         """`infer` as a future, for a frontend that answers from the future's done-callback: where
         nothing between the frontend and the scheduler needs to wait (no trace, no response cache,
         no classification), the scheduler's own future, with no task made for the request. A
@@ -311,7 +312,8 @@ class ServerApi:
         mv = await self.load_for(request.model_name, request.model_version, endpoint)
         return await self.submit(request, endpoint, mv)
 
-    async def _traced(self, mv, request: InferRequest, trace, start_ns: int) -> InferResponse:
+    async def _traced(self, mv: ServedVersion, request: InferRequest, trace: Trace | None,
+                      start_ns: int) -> InferResponse:
         if trace is None:
             return await self._infer(mv, request)
         trace.mark("REQUEST_START", start_ns)
@@ -344,7 +346,7 @@ class ServerApi:
             if not request.future.done():  # the client has gone: the model sees is_cancelled()
                 request.future.cancel()
 
-    def _prepare(self, mv, request: InferRequest) -> None:
+    def _prepare(self, mv: ServedVersion, request: InferRequest) -> None:
         """Resolve client shared memory, check the request against the model, and log it."""
         uses_shm = False
         for t in request.inputs:
@@ -366,7 +368,7 @@ class ServerApi:
             # the frontend never touches client shm bytes, so it cannot merge them: batch alone
             request.shape_key += (("client shm", id(request)),)
 
-    async def _infer(self, mv, request: InferRequest, prepared: bool = False) -> InferResponse:
+    async def _infer(self, mv: ServedVersion, request: InferRequest, prepared: bool = False) -> InferResponse:
         if not prepared:
             self._prepare(mv, request)
         wanted = {o.name: class_count(o.parameters, o.name) for o in request.outputs or ()}
@@ -381,14 +383,14 @@ class ServerApi:
         if request.trace is not None:
             request.trace.mark("QUEUE_START")
         response = await mv.scheduler.submit(request)
-        if key is not None:
+        if key is not None and self.cache is not None:
             started = time.monotonic_ns()
             self.cache.put(key, response)
             mv.stats.cache_miss(time.monotonic_ns() - started)
         return self._classify(mv, response, wanted)
 
     @staticmethod
-    def _classify(mv, response: InferResponse, wanted: dict) -> InferResponse:
+    def _classify(mv: ServedVersion, response: InferResponse, wanted: dict) -> InferResponse:
         if any(wanted.values()):
             batched = mv.max_batch_size > 0
             response.outputs = [classify(t, wanted[t.name], batched, mv.labels.get(t.name))

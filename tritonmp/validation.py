@@ -145,7 +145,7 @@ if testing.CHECK_FAST_PATHS:
 
 def _check_outputs(request: InferRequest, model: str, outputs: dict[str, str]) -> None:
     seen = set()
-    for o in request.outputs:
+    for o in request.outputs or ():
         if o.name not in outputs:
             raise invalid(f"unexpected inference output '{o.name}' for model '{model}'")
         if o.name in seen:  # as newer Triton releases refuse it (2.51 let it through)

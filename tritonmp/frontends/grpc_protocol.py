@@ -16,7 +16,7 @@ import enum
 import ssl
 import sys
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -60,7 +60,7 @@ class RpcError(Exception):
 @dataclass(frozen=True)
 class Method:
     request_type: Any  # a protobuf message class
-    handler: Callable[..., Awaitable | AsyncIterator]
+    handler: Callable[..., Any]  # a coroutine function; for a streaming method, an async generator function
     streaming: bool = False
     # how a request message's bytes become what the handler takes (default: request_type.FromString)
     parse: Callable | None = None
@@ -212,9 +212,11 @@ class _Call(http2.StreamHandler):
         return body[self.filled:self.filled + min(limit, body.nbytes - self.filled)]
 
     def received_into(self, n: int) -> None:
+        body = self.body
+        assert body is not None, "the connection reads into the buffer receive_into gave it"
         self.filled += n
-        if self.filled == self.body.nbytes:
-            body, self.body = self.body, None
+        if self.filled == body.nbytes:
+            self.body = None
             self._received(body)
 
     def _refuse(self, message: str) -> None:
@@ -385,8 +387,10 @@ class _Call(http2.StreamHandler):
         conn.send_headers(stream, OK_TRAILERS, end_stream=True)
 
     async def _requests(self):
+        messages = self.messages
+        assert messages is not None, "a streaming call queues its messages"
         while True:
-            item = await self.messages.get()
+            item = await messages.get()
             if item is _END:
                 return
             if isinstance(item, RpcError):

@@ -182,7 +182,7 @@ class InferenceService:
             emit = answers.append if slot is not None else out.put_nowait
             try:
                 self.api.check_model(msg.model_name, msg.model_version)  # first, as in Triton
-                if loads and await self.api.resolve_decoupled(msg.model_name, msg.model_version):
+                if loads and slot is not None and await self.api.resolve_decoupled(msg.model_name, msg.model_version):
                     # a decoupled model that was not resident when its request came: its place in the
                     # order is given up, and its responses go back as they are made
                     slot.set_result([])

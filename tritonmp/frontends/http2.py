@@ -257,11 +257,14 @@ class Connection(asyncio.BufferedProtocol):
         self.keepalive = keepalive or Keepalive()
         self.refuse = refuse  # over the listener's connection limit: closed as soon as it opens
         self.timers: dict[str, asyncio.TimerHandle] = {}
-        self.loop: asyncio.AbstractEventLoop | None = None  # the serving loop, from connection_made
+        # from connection_made, before anything reads them: the serving loop, the transport, the budgets
+        self.loop: asyncio.AbstractEventLoop
+        self.transport: asyncio.Transport
+        self.resets: Budget  # of streams reset by the client or refused
+        self.control: Budget  # of frames that carry no request
         self.heard = 0.0  # when the client last sent anything (loop time)
         self.last_ping = float("-inf")  # when the client last sent a PING with no call open
         self.ping_strikes = 0
-        self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.preface_seen = False
         self.decoder = hpack.Decoder()
@@ -274,8 +277,6 @@ class Connection(asyncio.BufferedProtocol):
         self.send_window = DEFAULT_WINDOW
         self.recv_unacked = 0
         self.continuing: list | None = None  # a header block still open (see _headers)
-        self.resets: Budget | None = None  # of streams reset by the client or refused (from connection_made)
-        self.control: Budget | None = None  # of frames that carry no request
         self.backlog = False  # input left for the next turn of the loop
         self.held = False  # reading paused for that backlog
         self.frames_done = 0  # frames completed so far
@@ -729,6 +730,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         chunk = self._strip_padding(flags, payload)
         if chunk:
+            assert stream.handler is not None, "a stream has its handler once its headers are in"
             stream.handler.data(chunk)
         elif not flags & FLAG_END_STREAM:
             self._calm_control()
@@ -772,6 +774,7 @@ class Connection(asyncio.BufferedProtocol):
                 self.frames_done += 1
             return
         if chunk.nbytes:
+            assert stream.handler is not None, "a stream has its handler once its headers are in"
             stream.handler.data(chunk)
         if not self.data_left:
             self.data_stream = None

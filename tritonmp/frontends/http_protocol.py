@@ -394,8 +394,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._disarm()
-        if getattr(self, "_guard", None) is not None:
-            self._guard.cancel()
+        guard = getattr(self, "_guard", None)
+        if guard is not None:
+            guard.cancel()
             self._guard = None
         super().connection_lost(exc)
 

@@ -238,19 +238,21 @@ class Instance:
             self._answer(request, batching.decode_one(msg, request, frames, None, s.output_types, s.model_name,
                                                       str(s.version)), self.stats)
             return
+        stream = request.stream
+        assert stream is not None, "a decoupled model's request streams its responses"
         if msg.error:
             error = ServerError(msg.error, Status[msg.error_status] if msg.error_status in Status.__members__
                                 else Status.INTERNAL)
             error.final = msg.final
-            request.stream.put_nowait(error)
+            stream.put_nowait(error)
         elif not msg.empty:
             outputs = [Tensor(r.name, r.datatype, r.shape, frames[r.frame]) for r in msg.outputs
                        if request.outputs is None or r.name in {o.name for o in request.outputs}]
-            request.stream.put_nowait(InferResponse(self.settings.model_name, str(self.settings.version), request.id,
-                                                    outputs, dict(msg.parameters), final=msg.final))
+            stream.put_nowait(InferResponse(self.settings.model_name, str(self.settings.version), request.id, outputs,
+                                            dict(msg.parameters), final=msg.final))
         elif msg.final:  # the final flag alone: gRPC streams send it as an empty response when asked to
-            request.stream.put_nowait(InferResponse(self.settings.model_name, str(self.settings.version), request.id,
-                                                    [], final=True, empty=True))
+            stream.put_nowait(InferResponse(self.settings.model_name, str(self.settings.version), request.id, [],
+                                            final=True, empty=True))
         if msg.final:
             del self.streams[key]
             self._close_stream(request, None)
@@ -282,19 +284,21 @@ class Instance:
         self.running_id = self.batch_id
         now = time.monotonic_ns()
         self._watch_streams(batch, self.batch_id)
-        self.batch_in, self.batch_out = 0, self.worker.outputs.take()
+        channel, outputs = self.worker.wire()
+        self.batch_in, self.batch_out = 0, outputs.take()
         s = self.settings
         header, frames = batching.encode(self.batch_id, batch, s.merge, self.worker.in_arenas[0], self.batch_out,
                                          reshapes=s.reshapes, released=released, ragged=s.ragged)
         self.encode_ns = time.monotonic_ns() - now
         self._started(batch, now)
-        self.worker.channel.send(transport.EXECUTE, header, frames)
+        channel.send(transport.EXECUTE, header, frames)
         self.settings.busy_poll.touch()  # the answer may be near: see it without a wake-up
 
     def can_run_ahead(self) -> bool:
         """Whether a batch can be sent to run after the one in flight."""
+        outputs = self.worker.outputs
         return self.batch is not None and self.ahead is None and self.worker.alive and not self.worker.stopping \
-            and not self.warming and self.worker.outputs.spare()
+            and not self.warming and outputs is not None and outputs.spare()
 
     def run_ahead(self, batch: list[InferRequest]) -> None:
         """Send a batch to run when the one in flight is done (`can_run_ahead`). Its requests start
@@ -308,13 +312,14 @@ class Instance:
                       len(batch), [r.id for r in batch], self.spec.name, self.settings.model_name)
         started = time.monotonic_ns()
         self._watch_streams(batch, self.batch_id)
-        in_arena, out_arena = 1 - self.batch_in, self.worker.outputs.take()
+        channel, outputs = self.worker.wire()
+        in_arena, out_arena = 1 - self.batch_in, outputs.take()
         cancels = any(r.cancellable for r in batch)
         s = self.settings
         header, frames = batching.encode(self.batch_id, batch, s.merge, self.worker.in_arenas[in_arena], out_arena,
                                          in_arena, cancels, s.reshapes, ragged=s.ragged)
         self.ahead = Ahead(batch, self.batch_id, in_arena, out_arena, time.monotonic_ns() - started)
-        self.worker.channel.send(transport.EXECUTE, header, frames)
+        channel.send(transport.EXECUTE, header, frames)
 
     def _watch_streams(self, batch: list[InferRequest], batch_id: int) -> None:
         """Where a request may be answered through its response sender, or streams its responses:
@@ -406,17 +411,18 @@ class Instance:
                 for index, request in enumerate(batch):
                     if result.responses[index].rescheduled:
                         self._run_again(result.batch_id, index, request)
-            self.worker.outputs.done(self.batch_out)
+            self.worker.wire()[1].done(self.batch_out)
             self._next()
             return
         stats = self.stats if not self.warming else ModelStats("warmup", 0)  # warmup is not traffic
         started = time.monotonic_ns()
-        read = self.worker.outputs.reader(self.batch_out)
+        outputs = self.worker.wire()[1]
+        read = outputs.reader(self.batch_out)
         try:
             responses = batching.decode(result, batch, pool.merge, frames, read, pool.output_types, pool.model_name,
                                         str(pool.version), pool.ragged)
         finally:
-            self.worker.outputs.done(self.batch_out, read)
+            outputs.done(self.batch_out, read)
         now = time.monotonic_ns()
         # a python model's own error response counts as a success, as Triton's python backend counts it
         own_ok = not pool.merge

@@ -191,7 +191,7 @@ class WorkerProcess:
         # Both sides have mapped the arenas: drop their names so that nothing can be left behind.
         for arena in self.in_arenas:
             arena.unlink()
-        self.outputs.unlink()
+        self.wire()[1].unlink()
         try:
             await self.events.warm_up()
         except LoadError:
@@ -292,6 +292,12 @@ class WorkerProcess:
             self.events.back()
             return
 
+    def wire(self) -> tuple[Channel, OutputArenas]:
+        """The running worker's channel and output arenas (batches go only to a running worker)."""
+        channel, outputs = self.channel, self.outputs
+        assert channel is not None and outputs is not None, f"instance '{self.spec.name}' has no running worker"
+        return channel, outputs
+
     def kill(self, reason: str) -> None:
         """Kill the worker; its exit is handled as a death for `reason`."""
         proc = self.proc
@@ -337,7 +343,7 @@ class WorkerProcess:
         else:
             self._checks += 1
             check = self._check = asyncio.get_running_loop().create_future()
-            self.channel.send(transport.READINESS, transport.encode(transport.ReadinessCheck(self._checks)), [])
+            self.wire()[0].send(transport.READINESS, transport.encode(transport.ReadinessCheck(self._checks)), [])
             too_long = "Timed out waiting for user-defined is_ready() response"
         try:
             return await asyncio.wait_for(asyncio.shield(check), READINESS_TIMEOUT_S)
@@ -358,17 +364,17 @@ class WorkerProcess:
         """The process's own messages (READY, LOAD_FAILED, READINESS_RESULT) here; the others to its owner."""
         if kind not in CONTROL:
             self.events.on_message(kind, header, frames)
+        elif kind == transport.READINESS_RESULT:
+            self._on_readiness(transport.decode(transport.ReadinessResult, header))
+        elif (loading := self.ready) is None or loading.done():
+            return  # READY or LOAD_FAILED of a load that has ended
         elif kind == transport.READY:
             ready = transport.decode(transport.Ready, header)
             if ready.protocol != transport.PROTOCOL_VERSION:
-                self.ready.set_exception(LoadError(f"worker speaks protocol {ready.protocol}, "
-                                                   f"expected {transport.PROTOCOL_VERSION}"))
-            elif not self.ready.done():
+                loading.set_exception(LoadError(f"worker speaks protocol {ready.protocol}, "
+                                                f"expected {transport.PROTOCOL_VERSION}"))
+            else:
                 self.checks_readiness = ready.checks_readiness
-                self.ready.set_result(ready)
-        elif kind == transport.READINESS_RESULT:
-            self._on_readiness(transport.decode(transport.ReadinessResult, header))
-        elif kind == transport.LOAD_FAILED:
-            failed = transport.decode(transport.LoadFailed, header)
-            if not self.ready.done():
-                self.ready.set_exception(LoadError(failed.error))
+                loading.set_result(ready)
+        else:
+            loading.set_exception(LoadError(transport.decode(transport.LoadFailed, header).error))

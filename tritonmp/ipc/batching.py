@@ -97,7 +97,7 @@ def _merged(batch: list[InferRequest], arena: Arena, frames: list, ragged: Ragge
     if any(r.outputs is None for r in batch):
         outputs = []
     else:
-        outputs = sorted({o.name for r in batch for o in r.outputs})
+        outputs = sorted({o.name for r in batch for o in r.outputs or ()})
     return transport.RequestHeader(first.id, refs, outputs, first.parameters, sizes, _shm_outputs(first),
                                    [r.sequence for r in batch] if first.sequence is not None else [])
 

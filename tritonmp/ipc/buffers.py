@@ -105,14 +105,14 @@ class BufferPool:
             del self._stamps[oldest]
 
     def _arm(self) -> None:
-        if self._timer is not None and not self._timer_loop.is_closed():
+        if self._timer is not None and self._timer_loop is not None and not self._timer_loop.is_closed():
             return
         try:
-            self._timer_loop = asyncio.get_running_loop()
+            loop = self._timer_loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop: trimmed at the next take
             self._timer = None
             return
-        self._timer = self._timer_loop.call_later(self.idle, self._on_timer)
+        self._timer = loop.call_later(self.idle, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None

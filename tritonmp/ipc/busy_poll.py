@@ -68,6 +68,8 @@ class BusyPoll:
             if now - self._last < EMPTY_TURN_NS:
                 os.sched_yield()  # nothing to do: a task waiting for this processor runs now
             self._last = now
-            self._loop.call_soon(self._poll)
+            loop = self._loop
+            assert loop is not None, "polling starts on a loop (touch)"
+            loop.call_soon(self._poll)
         else:
             self._polling = False

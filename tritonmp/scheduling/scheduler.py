@@ -410,9 +410,9 @@ class Scheduler:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._precise_armed:
+        if self._precise_armed and self._precise is not None:
             self._precise.cancel()
-            self._precise_armed = False
+        self._precise_armed = False
 
     def _fire(self) -> None:
         self._timer = None

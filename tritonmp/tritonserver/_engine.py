@@ -12,6 +12,7 @@ from collections.abc import Callable
 from ..errors import ServerError, Status
 from ..inference import InferRequest, InferResponse
 from ..observability.log_settings import LogSettings
+from ..observability.system import SystemSampler
 from ..runtime import ServerRuntime
 from ..scheduling.response_cache import ResponseCache
 from ..settings import ServerSettings
@@ -26,7 +27,7 @@ class Engine(ServerRuntime):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run_loop, name="tritonmp-engine", daemon=True)
         self.stopped = False
-        self.sampler = None  # the CPU/GPU figures of metrics(), made on first use
+        self.sampler: SystemSampler | None = None  # the CPU/GPU figures of metrics(), made on first use
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -92,7 +93,7 @@ class Engine(ServerRuntime):
             return
         self.stopped = True
         try:
-            if self.models is not None:
+            if self.built:
                 self.call(self.shutdown(time.monotonic() + timeout))
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)

@@ -18,8 +18,8 @@ class ServerHandle(Protocol):
     _engine: Engine | None
     _shared: SharedArrays
 
-    def _check_started(self) -> None:
-        """InvalidArgumentError where the server is not started."""
+    def _check_started(self) -> Engine:
+        """The started server's engine; InvalidArgumentError where it is not started."""
 
     def _await(self, coro_fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
         """`coro_fn(*args)` run on the engine's loop, waited for; a ServerError raised as Triton's."""

@@ -66,25 +66,25 @@ class Model:
         return "" if self.version in (-1, None) else str(self.version)
 
     def _ask(self, fn, *args):
-        self._server._check_started()
+        engine = self._server._check_started()
         try:
-            return self._server._engine.run(fn, *args)
+            return engine.run(fn, *args)
         except ServerError as e:
             raise from_server_error(e) from None
 
     def metadata(self) -> dict[str, Any]:
-        return self._server._await(self._server._engine.api.model_metadata, self.name, self._version())
+        return self._server._await(self._server._check_started().api.model_metadata, self.name, self._version())
 
     def ready(self) -> bool:
-        return self._server._await(self._server._engine.api.model_ready, self.name, self._version())
+        return self._server._await(self._server._check_started().api.model_ready, self.name, self._version())
 
     def config(self, config_version: int = 1) -> dict[str, Any]:
         if config_version != 1:
             raise InvalidArgumentError(f"model configuration version {config_version} is not supported; use 1")
-        return self._server._await(self._server._engine.api.model_config, self.name, self._version())
+        return self._server._await(self._server._check_started().api.model_config, self.name, self._version())
 
     def statistics(self) -> dict[str, Any]:
-        return self._ask(self._server._engine.api.statistics, self.name, self._version())
+        return self._ask(self._server._check_started().api.statistics, self.name, self._version())
 
     def batch_properties(self) -> ModelBatchFlag:
         config = self.config()

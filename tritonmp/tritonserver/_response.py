@@ -67,7 +67,7 @@ class _Iterator:
         self._raise = raise_on_error
         self._complete = False
         self._convert = _Responses(model, request.request_id or "", request._output_device())
-        self._submission = model._server._engine.submit(request._core_request(), self._deliver)
+        self._submission = model._server._check_started().submit(request._core_request(), self._deliver)
 
     def _hand_over(self, response: InferenceResponse) -> None:
         """Give a converted response to the caller, as each kind of iterator does."""

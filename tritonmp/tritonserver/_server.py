@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import ServerError
 from ..observability.log_settings import LogSettings
 from ..scheduling.response_cache import ResponseCache
+from ..server_api import ServerApi
 from ..settings import DEFAULTS, ServerSettings, SettingsError
 from ._engine import Engine
 from ._errors import InternalError, InvalidArgumentError, UnavailableError, UnsupportedError, from_server_error
@@ -207,21 +208,26 @@ class Server:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _check_started(self) -> None:
+    def _check_started(self) -> Engine:
+        """The started server's engine; InvalidArgumentError where it is not started."""
         if self._engine is None:
             raise InvalidArgumentError("Server not started")
+        return self._engine
+
+    def _api(self) -> ServerApi:
+        return self._check_started().api
 
     def _call(self, fn, *args):
-        self._check_started()
+        engine = self._check_started()
         try:
-            return self._engine.run(fn, *args)
+            return engine.run(fn, *args)
         except ServerError as e:
             raise from_server_error(e) from None
 
     def _await(self, coro_fn, *args):
-        self._check_started()
+        engine = self._check_started()
         try:
-            return self._engine.call(coro_fn(*args))
+            return engine.call(coro_fn(*args))
         except ServerError as e:
             raise from_server_error(e) from None
 
@@ -237,13 +243,10 @@ class Server:
 
     # -- the server ------------------------------------------------------------------------
     def live(self) -> bool:
-        return self._call(self._engine.api.live) if self._engine is not None else self._not_started()
+        return self._call(self._api().live)
 
     def ready(self) -> bool:
-        return self._await(self._engine.api.ready) if self._engine is not None else self._not_started()
-
-    def _not_started(self):
-        raise InvalidArgumentError("Server not started")
+        return self._await(self._api().ready)
 
     def metadata(self) -> dict[str, Any]:
         from .. import __version__
@@ -257,14 +260,14 @@ class Server:
             raise InvalidArgumentError(f"unknown metric format {metric_format}")
         if not self.options.metrics:
             raise UnsupportedError("metrics not supported")
-        self._check_started()
+        api = self._api()
         system = self._system_sampler()
-        return self._call(lambda: self._engine.api.metrics_text(system).decode())
+        return self._call(lambda: api.metrics_text(system).decode())
 
     def _system_sampler(self):
         from ..observability.system import SystemSampler
 
-        engine = self._engine
+        engine = self._check_started()
         sampler = engine.sampler
         if sampler is None:
             settings = engine.settings
@@ -279,7 +282,7 @@ class Server:
 
     def models(self, exclude_not_ready: bool = False) -> ModelDictionary:
         self._check_started()
-        index = self._call(self._engine.api.repository_index, exclude_not_ready)
+        index = self._call(self._api().repository_index, exclude_not_ready)
         models = [Model(self, row["name"], int(row["version"]) if row.get("version") else -1, row.get("state"),
                         row.get("reason")) for row in index]
         return ModelDictionary(self, models)
@@ -288,24 +291,24 @@ class Server:
         """Load (or reload) a model; `parameters` as Triton's: `config` (JSON text) and `file:<path>`
         (bytes). Needs ModelControlMode.EXPLICIT."""
         params = dict(parameters or {})
-        self._await(self._engine.api.load_model, model_name, params)
+        self._await(self._api().load_model, model_name, params)
         return self.model(model_name)
 
     def unload(self, model: str | Model, unload_dependents: bool = False, wait_until_unloaded: bool = False,
                polling_interval: float = 0.1, timeout: float | None = None) -> None:
         name = model.name if isinstance(model, Model) else model
-        self._await(self._engine.api.unload_model, name, {"unload_dependents": unload_dependents})
+        self._await(self._api().unload_model, name, {"unload_dependents": unload_dependents})
         started = time.monotonic()
         while wait_until_unloaded and (timeout is None or time.monotonic() - started < timeout):
             if all(row.get("state") in (None, "UNAVAILABLE") for row in self._call(
-                    self._engine.api.repository_index, False) if row["name"] == name):
+                    self._api().repository_index, False) if row["name"] == name):
                 return
             time.sleep(polling_interval)
 
     def poll_model_repository(self) -> None:
         if self.options.model_control_mode != ModelControlMode.POLL:
             raise UnsupportedError("poll not supported in the current model control mode")
-        self._await(self._engine.poll)
+        self._await(self._check_started().poll)
 
     def register_model_repository(self, repository_path: str, name_mapping: dict | None = None) -> None:
         raise UnsupportedError("registering a model repository on a running server is not supported by this "

@@ -97,11 +97,11 @@ class Tensor:
 
     @property
     def size(self) -> int:
-        return int(self._array.nbytes if self._memory is None else self._memory.nbytes)
+        return int(self.host_array.nbytes if self._memory is None else self._memory.nbytes)
 
     @property
     def data_ptr(self) -> int:
-        return int(self._array.ctypes.data if self._memory is None else self._memory.pointer)
+        return int(self.host_array.ctypes.data if self._memory is None else self._memory.pointer)
 
     def __dlpack__(self, *, stream=None, **_options):
         if self.data_type == DataType.BYTES:
@@ -109,7 +109,7 @@ class Tensor:
         if self._memory is not None:  # copies into it were synchronous: ready on any stream
             return _dlpack.export(self._memory.pointer, (DLDeviceType.kDLCUDA, self._memory.device_id),
                                   tuple(int(d) for d in self.shape), self._numpy_type(), self._memory)
-        array = self._array
+        array = self.host_array
         shape = tuple([int(d) for d in self.shape])  # made at its size: no tuple resized per call
         if (array.flags.writeable and array.flags.c_contiguous and _dlpack.exportable(array.dtype)
                 and int(np.prod(shape, dtype=np.int64)) == array.size):

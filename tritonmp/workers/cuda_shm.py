@@ -165,16 +165,21 @@ class CudaRegions:
             where = f"GPU {self.device_id}" if self.kind == "GPU" else "the CPU"
             raise ValueError(f"CUDA shared memory on GPU {device_id} cannot be used by model instance "
                              f"'{self.instance}', which runs on {where}")
-        if self.runtime is None:
-            self.runtime = CudaRuntime()
+        runtime = self._runtime()
         ptr = self.opened.get(region_id)
         if ptr is None:
-            ptr = self.runtime.open(raw_handle)
+            ptr = runtime.open(raw_handle)
             self.opened[region_id] = ptr
             while len(self.opened) > MAX_HANDLES:
                 _, old = self.opened.popitem(last=False)
-                self.runtime.close(old)
+                runtime.close(old)
         return ptr
+
+    def _runtime(self) -> CudaRuntime:
+        """The CUDA runtime, loaded on the first use of a CUDA region."""
+        if self.runtime is None:
+            self.runtime = CudaRuntime()
+        return self.runtime
 
     def device_pointer(self, raw_handle: bytes, region_id: int, device_id: int, offset: int) -> int:
         """The device address `offset` bytes into a client's CUDA region, for backends that write
@@ -183,8 +188,8 @@ class CudaRegions:
 
     def read(self, raw_handle: bytes, region_id: int, device_id: int, offset: int, nbytes: int) -> bytearray:
         ptr = self.pointer(raw_handle, region_id, device_id)
-        return self.runtime.to_host(ptr + offset, nbytes)
+        return self._runtime().to_host(ptr + offset, nbytes)
 
     def write(self, raw_handle: bytes, region_id: int, device_id: int, offset: int, data) -> None:
         ptr = self.pointer(raw_handle, region_id, device_id)
-        self.runtime.to_device(ptr + offset, data)
+        self._runtime().to_device(ptr + offset, data)

@@ -54,9 +54,11 @@ class HeapRetention:
         self.trimmed = False
 
     def _trim_when_idle(self) -> None:
+        libc = self.libc
+        assert libc is not None, "started only where the C library's allocator is tuned"
         wake = threading.Event()
         while True:
             wake.wait(IDLE_S)
             if not self.trimmed and time.monotonic() - self.last_use >= IDLE_S:
                 self.trimmed = True
-                self.libc.malloc_trim(0)
+                libc.malloc_trim(0)

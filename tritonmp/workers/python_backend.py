@@ -99,7 +99,7 @@ class PythonBackend(Backend):
             try:
                 self.model.initialize(args)
             except Exception as e:  # the model's own frames only, not this module's call into it
-                frames = traceback.format_exception(type(e), e, e.__traceback__.tb_next)
+                frames = traceback.format_exception(type(e), e, e.__traceback__.tb_next if e.__traceback__ else None)
                 raise BackendError("initialize() failed:\n" + "".join(frames[-6:])) from None
         pb_utils._bls_allowed = True  # from now until finalize(), as Triton allows BLS
 

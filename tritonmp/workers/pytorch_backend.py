@@ -21,8 +21,9 @@ _INDEXED = re.compile(r".*__(\d+)$")
 
 
 def _ordered(names: list[str]) -> list[str]:
-    if names and all(_INDEXED.match(n) for n in names):
-        return sorted(names, key=lambda n: int(_INDEXED.match(n).group(1)))
+    indexed = [_INDEXED.match(n) for n in names]
+    if names and all(indexed):
+        return [n for _, n in sorted((int(m.group(1)), n) for m, n in zip(indexed, names) if m)]
     return names
 
 

@@ -33,7 +33,7 @@ def _import_trt():
 def _logger(trt):
     """A TensorRT logger that keeps the errors, to say why a load failed."""
 
-    class Collecting(trt.ILogger):
+    class Collecting(trt.ILogger):  # type: ignore[name-defined]  # tensorrt is imported at run time
         def __init__(self):
             trt.ILogger.__init__(self)
             self.errors: list[str] = []
