@@ -14,7 +14,8 @@ import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
-    """Appends each request's first value to warmup.log beside the model; a value of 13 fails."""
+    """Appends each request's first value to warmup.log beside the model; a value of 13 fails, and
+    99 kills the worker."""
 
     def initialize(self, args):
         self.log = os.path.join(args["model_repository"], "warmup.log")
@@ -25,6 +26,8 @@ class TritonPythonModel:
             x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
             with open(self.log, "a") as f:
                 f.write(f"{x.shape} {x.dtype} {float(x.flat[0])}\\n")
+            if x.flat[0] == 99:
+                os._exit(3)  # the worker dies in the middle of the sample
             if x.flat[0] == 13:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("thirteen is unlucky")))
             else:
@@ -47,6 +50,7 @@ def _model(tmp_path, warmup: str, instances: int = 2):
     (model / "warmup").mkdir()
     (model / "warmup" / "thirteens").write_bytes(np.full(4, 13, np.float32).tobytes())
     (model / "warmup" / "sevens").write_bytes(np.full(4, 7, np.float32).tobytes())
+    (model / "warmup" / "nineties").write_bytes(np.full(4, 99, np.float32).tobytes())
     return model
 
 
@@ -69,6 +73,15 @@ def test_failing_warmup_fails_the_load(start_server, tmp_path):
     server = start_server([model.parent], wait=False)
     assert server.proc.wait(60) == 1
     assert "warmup 'bad luck' failed on instance 'warm_0_0': thirteen is unlucky" in server.log()
+
+
+def test_a_worker_that_dies_in_its_warmup_fails_the_load(start_server, tmp_path):
+    sample = _sample("fatal", 1, 'input_data_file: "nineties"')
+    model = _model(tmp_path, f"model_warmup [ {sample} ]", instances=1)
+    server = start_server([model.parent], wait=False)
+    assert server.proc.wait(60) == 1  # the load ends, rather than waiting for an answer that never comes
+    assert "warmup 'fatal' failed on instance 'warm_0_0'" in server.log()
+    assert "exited with code 3 while running this request; its load fails" in server.log()
 
 
 def test_warmup_configuration_is_checked(tmp_path):

@@ -154,7 +154,8 @@ class Instance:
 
     def _lost(self, reason: str, pid: int) -> None:
         """The worker (pid) has died for `reason`: answer what it had, and end its open streams."""
-        then = "the server is shutting down" if self.worker.stopping else "the instance is being restarted"
+        then = "its load fails" if self.warming else "the server is shutting down" if self.worker.stopping \
+            else "the instance is being restarted"
         if self.batch is not None:
             batch, self.batch = self.batch, None
             self._fail(batch, self.running_id, f"{reason} while running this request; {then}", pid)
