@@ -1,37 +1,17 @@
 """The server's life: SIGTERM drains requests in flight and exits 0 leaving nothing behind, a second
-signal stops at once, a crash-looping model goes UNAVAILABLE with the reason, and systemd hears
-READY=1, WATCHDOG=1 and STOPPING=1 through NOTIFY_SOCKET."""
+signal stops at once, and systemd hears READY=1, WATCHDOG=1 and STOPPING=1 through NOTIFY_SOCKET.
+(A crash-looping model is given up in test_whole_server.py; the restart policy's rules are in
+test_policies.py.)"""
 
 import signal
 import socket
 import threading
 import time
 
-import orjson
 import pytest
-import tritonclient.http as httpclient
 from test_queue_policy import Calls, _repo
 
-from conftest import X_TO_Y_CONFIG, scrape_metrics, shm_segments, write_model
-
-SUICIDAL = '''
-import os
-import signal
-import threading
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    """Loads fine, then dies 0.3 s later, every time: a crash loop."""
-
-    def initialize(self, args):
-        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
-
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
-                for r in requests]
-'''
+from conftest import X_TO_Y_CONFIG, shm_segments, write_model
 
 
 def test_sigterm_finishes_requests_in_flight_and_exits_0(start_server, tmp_path):
@@ -73,25 +53,6 @@ def test_second_signal_stops_at_once(start_server, tmp_path):
     assert "received SIGTERM again: stopping now" in server.log()
     calls.join()
     assert isinstance(calls.results["long"], Exception)
-
-
-def test_crash_looping_model_goes_unavailable_with_the_reason(start_server, tmp_path):
-    write_model(tmp_path / "repo", "suicidal", SUICIDAL, X_TO_Y_CONFIG)
-    server = start_server([tmp_path / "repo"], "--exit-on-error=false")
-    client = httpclient.InferenceServerClient(server.url)
-
-    def index_row() -> dict:
-        return orjson.loads(server.post("/v2/repository/index", b"{}")[2])[0]
-
-    server.wait_until(lambda: index_row()["state"] == "UNAVAILABLE", timeout=60, what="the model to give up")
-    assert not client.is_model_ready("suicidal")
-    row = index_row()
-    assert "died or failed to start 5 times" in row["reason"] and "killed by SIGKILL" in row["reason"]
-    assert scrape_metrics(server)['tritonmp_worker_restarts_total{model="suicidal",version="1"}'] == 4
-    status, _, raw = server.post("/v2/models/suicidal/infer", orjson.dumps(
-        {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]}))
-    assert (status, orjson.loads(raw)) == (404, {"error": "Request for unknown model: 'suicidal' has no available "
-                                                          "versions"})  # Triton's answer for no version it can serve
 
 
 class NotifySocket:

@@ -258,6 +258,13 @@ def test_a_crash_loop_takes_only_its_model_down(server, whole):
         return row["state"] == "UNAVAILABLE"
 
     server.wait_until(down, 120, "the crash-looping model to be given up")
+    row = next(r for r in http.get_model_repository_index() if r["name"] == "crashloop")
+    assert "died or failed to start 5 times" in row["reason"] and "no longer restarted" in row["reason"]
+    assert scrape_metrics(server)['tritonmp_worker_restarts_total{model="crashloop",version="1"}'] == 4
+    status, _, raw = server.post("/v2/models/crashloop/infer", orjson.dumps(
+        {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]}))
+    assert (status, orjson.loads(raw)) == (404, {"error": "Request for unknown model: 'crashloop' has no available "
+                                                          "versions"})  # Triton's answer for no version it can serve
     _walk_observability(server, _served(probes))
     for seq, name in enumerate(_served(probes), start=400):
         probes[name].check(_infer(grpcclient, server.grpc_url, name, probes[name], seq))

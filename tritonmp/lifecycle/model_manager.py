@@ -21,7 +21,7 @@ from ..settings import ServerSettings
 from .ensemble_version import EnsembleVersion
 from .model_version import ModelVersion, instance_specs
 from .repositories import Repositories, poll_failed, valid_model_name, write_files
-from .residency import Residency
+from .residency import Residency, pss_bytes
 
 log = get_logger("models")
 
@@ -172,8 +172,8 @@ class ModelManager:
             entry.platform = first.config.platform or first.backend
             self._retire(list(old.values()), old_dir)
         if self.residency is not None:
-            self.residency.loaded(name, [i.pid for mv in entry.versions.values() for i in mv.instances()
-                                         if i.pid is not None])
+            self.residency.loaded(name, sum(pss_bytes(i.pid) for mv in entry.versions.values()
+                                            for i in mv.instances() if i.pid is not None))
 
     async def _start_versions(self, name: str, path: str, override: str | None,
                               failed: dict[int, str]) -> dict[int, ServedVersion]:

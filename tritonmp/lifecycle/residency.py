@@ -46,10 +46,10 @@ class Residency:
         if name in self.lru:
             self.lru.move_to_end(name)
 
-    def loaded(self, name: str, pids: list[int]) -> None:
-        """A model has loaded (on demand or otherwise), its workers `pids`: it is resident, its
-        memory measured."""
-        self.lru[name] = sum(pss_bytes(pid) for pid in pids)
+    def loaded(self, name: str, memory: int) -> None:
+        """A model has loaded (on demand or otherwise), its workers taking `memory` bytes (PSS): it
+        is resident, the most recently used."""
+        self.lru[name] = memory
         self.lru.move_to_end(name)
 
     def unloaded(self, name: str) -> None:
