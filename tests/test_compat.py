@@ -414,21 +414,21 @@ def test_unload_and_unload_dependents_match(tmp_path):
 
 
 def test_streamed_final_flags_and_empty_final_responses_match(pair):
-    from conftest import stream_final_flags
+    from probes import stream_final_flags
 
     ours, ref = pair
     assert stream_final_flags(ours.grpc_url) == stream_final_flags(ref.grpc_url)
 
 
 def test_typed_contents_beside_raw_contents_match(pair):
-    from conftest import mixed_contents_errors
+    from probes import mixed_contents_errors
 
     ours, ref = pair
     assert mixed_contents_errors(ours.grpc_url) == mixed_contents_errors(ref.grpc_url)
 
 
 def test_request_parameters_of_tritons_own_match(pair):
-    from conftest import reserved_parameter_answers
+    from probes import reserved_parameter_answers
 
     ours, ref = pair
     assert reserved_parameter_answers(ours.grpc_url) == reserved_parameter_answers(ref.grpc_url)
@@ -742,7 +742,7 @@ def test_a_model_whose_process_dies_in_initialize_keeps_both_servers_from_starti
 
 
 def test_raw_binary_requests_match(tmp_path):
-    from conftest import raw_binary_answers, raw_binary_repo
+    from probes import raw_binary_answers, raw_binary_repo
 
     with both_serving(raw_binary_repo(tmp_path / "repo"), tmp_path) as servers:
         ours, ref = (raw_binary_answers(s.http_port) for s in servers)
@@ -793,7 +793,7 @@ TRITON_SENDER_CASES = (
 
 
 def test_response_sender_patterns_match(tmp_path):
-    from conftest import response_sender_outcome, response_sender_repo
+    from probes import response_sender_outcome, response_sender_repo
 
     def outcomes(grpc_url):
         # Triton adds the model's traceback to an error raised in execute; this server logs it instead
@@ -812,7 +812,7 @@ def test_infer_parameters_are_checked_alike(pair):
     value of the wrong type and tritonmp 400 (the README says why)."""
     from test_grpc import GRPC_PARAMETER_ANSWERS
 
-    from conftest import grpc_parameter_cases, json_parameter_cases, model_infer_answers
+    from probes import grpc_parameter_cases, json_parameter_cases, model_infer_answers
 
     cases = grpc_parameter_cases()
     answers = [dict(zip(cases, model_infer_answers(s.grpc_url, list(cases.values())))) for s in pair]

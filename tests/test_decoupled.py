@@ -80,7 +80,7 @@ def test_a_worker_dying_mid_stream_ends_the_stream_with_an_error(server):
 
 
 def test_streamed_responses_carry_the_final_flag_and_the_empty_final_response_on_request(server):
-    from conftest import stream_final_flags
+    from probes import stream_final_flags
 
     assert stream_final_flags(server.grpc_url) == [
         ("r0", "add_py", ["C"], True), ("r1", "add_py", ["C"], True),

@@ -261,7 +261,7 @@ JSON_PARAMETER_ERRORS = {  # Triton 2.51's words; it answers 500 for these, trit
 
 
 def test_parameters_of_a_type_triton_does_not_take_are_refused_in_its_words(server, good_traffic):
-    from conftest import json_parameter_cases
+    from probes import json_parameter_cases
 
     cases = json_parameter_cases()
     assert set(cases) == set(JSON_PARAMETER_ERRORS)

@@ -215,7 +215,7 @@ def test_http_asyncio_client(server):
 
 
 def test_typed_contents_beside_raw_contents_are_refused_in_tritons_words(server):
-    from conftest import mixed_contents_errors
+    from probes import mixed_contents_errors
 
     message = "contents field must not be specified when using raw_input_contents for 'A' for model 'add_py'"
     assert mixed_contents_errors(server.grpc_url) == [("INVALID_ARGUMENT", message)] * 3
@@ -224,7 +224,7 @@ def test_typed_contents_beside_raw_contents_are_refused_in_tritons_words(server)
 def test_request_parameters_of_tritons_own_are_refused_or_taken_as_triton_does(server):
     """A `triton_` request parameter is Triton's: an unknown one is refused, and the one it knows
     must be a bool (what the model sees of it: test_python_api)."""
-    from conftest import reserved_parameter_answers
+    from probes import reserved_parameter_answers
 
     assert reserved_parameter_answers(server.grpc_url) == [
         ("INVALID_ARGUMENT", "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following "
@@ -277,7 +277,7 @@ GRPC_PARAMETER_ANSWERS = {  # Triton 2.51's answers (test_compat compares them w
 
 
 def test_parameters_and_raw_contents_are_checked_as_triton_checks_them(server):
-    from conftest import grpc_parameter_cases, model_infer_answers
+    from probes import grpc_parameter_cases, model_infer_answers
 
     cases = grpc_parameter_cases()
     answers = dict(zip(cases, model_infer_answers(server.grpc_url, list(cases.values()))))

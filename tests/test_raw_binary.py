@@ -6,7 +6,7 @@ import struct
 
 import numpy as np
 
-from conftest import raw_binary_answers, raw_binary_repo
+from probes import raw_binary_answers, raw_binary_repo
 
 
 def test_raw_binary_requests(start_server, tmp_path):

@@ -9,15 +9,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import (
-    SENDER_PATTERNS,
-    response_sender_outcome,
-    response_sender_repo,
-    sender_pattern_inputs,
-    serving,
-    wait_for,
-    write_model,
-)
+from conftest import serving, wait_for, write_model
+from probes import SENDER_PATTERNS, response_sender_outcome, response_sender_repo, sender_pattern_inputs
 
 FINAL_FIRST = ("Unable to send response. Non-decoupled model cannot send complete final before sending a "
                "response.")
