@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from hostile_clients import PREFACE, SETTINGS, h2frame
-
 from tritonmp.frontends import http2
+
+from hostile_clients import PREFACE, SETTINGS, h2frame
 
 
 class Transport:

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import procfs
 from conftest import POLL_INTERVAL, free_ports, wait_for
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -26,30 +27,16 @@ def descendants(pid: int) -> set[int]:
     found: set[int] = set()
     todo = [pid]
     while todo:
-        parent = todo.pop()
         try:
-            tasks = os.listdir(f"/proc/{parent}/task")
+            children = set(procfs.children(todo.pop()))
         except OSError:
             continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{task}/children") as f:
-                    children = {int(c) for c in f.read().split()}
-            except OSError:
-                continue
-            todo.extend(children - found)
-            found |= children
+        todo.extend(children - found)
+        found |= children
     return found
 
 
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie waiting for its parent does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
+alive = procfs.alive
 
 class RayCluster:
     """Two Ray nodes, each with one `tritonmp_slot` resource (a deployment asking for one per

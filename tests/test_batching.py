@@ -1,13 +1,13 @@
 """Dynamic batching through the real server: requests are merged under load, never across
 different shapes, and each client gets exactly its own rows back."""
 
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import tritonclient.http as httpclient
 
+import procfs
 from conftest import add_inputs
 
 
@@ -83,12 +83,6 @@ def test_large_tensors_round_trip(server):
     np.testing.assert_array_equal(client.infer("add", inputs).as_numpy("C"), a + a)
 
 
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def test_the_server_polls_only_while_a_batch_is_near_and_sleeps_when_idle(server):
     """The server polls (--busy-poll-us) after each batch: the window closes by itself, so an idle
     server uses next to no CPU (under 0.3 s in a 1 s stretch; a server that kept polling would use
@@ -96,10 +90,10 @@ def test_the_server_polls_only_while_a_batch_is_near_and_sleeps_when_idle(server
     client = httpclient.InferenceServerClient(url=server.url)
     for _ in range(20):
         client.infer("add_py", add_inputs(httpclient, np.ones((1, 3), np.float32)))
-    samples = [(time.monotonic(), _cpu_seconds(server.pid))]
+    samples = [(time.monotonic(), procfs.cpu_seconds(server.pid))]
 
     def idle_for_a_second() -> bool:
-        now, cpu = time.monotonic(), _cpu_seconds(server.pid)
+        now, cpu = time.monotonic(), procfs.cpu_seconds(server.pid)
         samples.append((now, cpu))
         return any(now - t >= 1.0 and cpu - c < 0.3 for t, c in samples)
 

@@ -19,6 +19,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+import procfs
 from conftest import add_inputs, http_request, serving
 
 HERE = Path(__file__).parent
@@ -32,11 +33,9 @@ def tree_rss_mib(pid: int) -> float:
     while todo:
         p = todo.pop()
         try:
-            with open(f"/proc/{p}/status") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except (FileNotFoundError, ProcessLookupError, StopIteration):
+            total += procfs.rss_bytes(p) / (1 << 20)
+            todo += procfs.children(p)
+        except (FileNotFoundError, ProcessLookupError):
             continue
     return total
 

@@ -12,8 +12,6 @@ import logging
 import os
 
 import pytest
-from hostile_clients import END_HEADERS, HEADERS, PING, SETTINGS, call_block, h2frame
-from http2_harness import Harness, Transport
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
@@ -23,6 +21,9 @@ from tritonmp.frontends import grpc_codec, http2, http_codec
 from tritonmp.logs import get_logger
 from tritonmp.repository import config as cfg
 from tritonmp.validation import TensorConfig, check_request
+
+from hostile_clients import END_HEADERS, HEADERS, PING, SETTINGS, call_block, h2frame
+from http2_harness import Harness, Transport
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

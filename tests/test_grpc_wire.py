@@ -5,7 +5,6 @@ draining on SIGTERM; and the same RPCs on the grpc.aio engine (`--grpc-engine=gr
 import asyncio
 import signal
 import socket
-import struct
 import threading
 
 import grpc
@@ -17,7 +16,9 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
+import procfs
 from conftest import X_TO_Y_CONFIG, add_inputs, scrape_metrics, serving, write_model
+from hostile_clients import h2frame
 
 ECHO = '''
 import time
@@ -73,8 +74,8 @@ def test_a_message_declared_over_the_limit_is_refused_before_its_bytes(wire_serv
                                       (":authority", "localhost"), ("content-type", "application/grpc"),
                                       ("te", "trailers")])
     with socket.create_connection(("127.0.0.1", wire_server.grpc_port), timeout=30) as s:
-        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0) + _frame(1, 4, 1, headers)
-                  + _frame(0, 0, 1, b"\x00\xff\xff\xff\xff"))
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2frame(4, 0, 0) + h2frame(1, 4, 1, headers)
+                  + h2frame(0, 0, 1, b"\x00\xff\xff\xff\xff"))
         frames = _read_frames(s, lambda fs: any(k == 1 and f & 1 for k, f, _ in fs))
     decoder = hpack.Decoder()
     trailers = [dict(decoder.decode(p)) for k, _, p in frames if k == 1][-1]
@@ -93,8 +94,7 @@ def test_frontend_memory_does_not_grow_with_64_mib_requests(start_server, echo_r
     body = request.SerializeToString()
 
     def rss_mib() -> float:
-        with open(f"/proc/{server.pid}/status") as f:
-            return int(f.read().split("VmRSS:")[1].split()[0]) / 1024
+        return procfs.rss_bytes(server.pid) / (1 << 20)
 
     with grpc.insecure_channel(server.grpc_url, options=[("grpc.max_receive_message_length", -1),
                                                          ("grpc.max_send_message_length", -1)]) as channel:
@@ -147,8 +147,8 @@ def test_the_server_enforces_grpc_timeout(wire_server):
                                       (":authority", "localhost"), ("content-type", "application/grpc"),
                                       ("te", "trailers"), ("grpc-timeout", "200m")])
     with socket.create_connection(("127.0.0.1", wire_server.grpc_port), timeout=30) as s:
-        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0) + _frame(1, 4, 1, headers)
-                  + _frame(0, 1, 1, b"\x00" + len(body).to_bytes(4, "big") + body))
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2frame(4, 0, 0) + h2frame(1, 4, 1, headers)
+                  + h2frame(0, 1, 1, b"\x00" + len(body).to_bytes(4, "big") + body))
         frames = _read_frames(s, lambda fs: any(k == 1 and f & 1 for k, f, _ in fs))
     decoder = hpack.Decoder()
     blocks = [dict(decoder.decode(p)) for k, _, p in frames if k == 1]  # every block, in order
@@ -171,18 +171,14 @@ def test_unknown_method_and_malformed_message(wire_server):
         assert channel.unary_unary(SERVICE + "ServerLive")(b"", timeout=10) == b"\x08\x01"
 
 
-def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes((kind, flags)) + struct.pack(">I", stream) + payload
-
-
 def _raw_call_then_vanish(port: int) -> None:
     """Open a ModelInfer call, send half its message, and close the socket."""
     headers = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", SERVICE + "ModelInfer"),
                                       (":authority", "localhost"), ("content-type", "application/grpc"),
                                       ("te", "trailers")])
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0) + _frame(1, 4, 1, headers)
-                  + _frame(0, 0, 1, b"\x00\x00\x00\x10\x00" + b"\x0a\x04ec"))
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2frame(4, 0, 0) + h2frame(1, 4, 1, headers)
+                  + h2frame(0, 0, 1, b"\x00\x00\x00\x10\x00" + b"\x0a\x04ec"))
 
 
 def _read_frames(s: socket.socket, until) -> list[tuple[int, int, bytes]]:
@@ -201,7 +197,7 @@ def _read_frames(s: socket.socket, until) -> list[tuple[int, int, bytes]]:
 
 def test_settings_and_ping_are_acknowledged(wire_server):
     with socket.create_connection(("127.0.0.1", wire_server.grpc_port), timeout=10) as s:
-        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0) + _frame(6, 0, 0, b"12345678"))
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2frame(4, 0, 0) + h2frame(6, 0, 0, b"12345678"))
         frames = _read_frames(s, lambda fs: (6, 1, b"12345678") in fs and (4, 1, b"") in fs)
         assert frames[0][0] == 4 and frames[0][1] == 0  # the server's own SETTINGS come first
 

@@ -15,17 +15,15 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2 as pb
 
+import procfs
 from conftest import add_inputs, http_request
+from hostile_clients import h2frame
 
 SERVICE = "/inference.GRPCInferenceService/"
 
 
 def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+    return procfs.rss_bytes(pid) / (1 << 20)
 
 
 class HealthProbe:
@@ -380,10 +378,6 @@ def test_a_region_shrunk_or_unlinked_by_its_client_fails_the_request_not_the_wor
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
-def _h2frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big") + payload
-
-
 def _call_headers(path: str = SERVICE + "ServerLive") -> bytes:
     import hpack
 
@@ -439,10 +433,10 @@ def test_http2_rapid_reset_continuation_and_stream_limits(server):
     headers = _call_headers()
     # rapid reset: streams opened and reset at once, until the server has had enough
     with socket.create_connection(("127.0.0.1", server.grpc_port)) as s:
-        s.sendall(PREFACE + _h2frame(4, 0, 0))
+        s.sendall(PREFACE + h2frame(4, 0, 0))
         try:
             for i in range(0, 60000, 500):
-                s.sendall(b"".join(_h2frame(1, 4, sid, headers) + _h2frame(3, 0, sid, (8).to_bytes(4, "big"))
+                s.sendall(b"".join(h2frame(1, 4, sid, headers) + h2frame(3, 0, sid, (8).to_bytes(4, "big"))
                                    for sid in range(2 * i + 1, 2 * i + 1000, 2)))
         except (BrokenPipeError, ConnectionResetError):
             pass
@@ -451,7 +445,7 @@ def test_http2_rapid_reset_continuation_and_stream_limits(server):
         assert _serves(server)  # others are served
     # past the advertised stream limit, new streams are refused with REFUSED_STREAM
     with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=30) as s:
-        s.sendall(PREFACE + _h2frame(4, 0, 0) + b"".join(_h2frame(1, 4, 2 * i + 1, headers) for i in range(1100)))
+        s.sendall(PREFACE + h2frame(4, 0, 0) + b"".join(h2frame(1, 4, 2 * i + 1, headers) for i in range(1100)))
         data = b""
         deadline = time.monotonic() + 20
         while data.count(b"\x00\x00\x04\x03") < 76 and time.monotonic() < deadline:  # RST_STREAM frames
@@ -459,8 +453,8 @@ def test_http2_rapid_reset_continuation_and_stream_limits(server):
         assert data.count(b"\x00\x00\x04\x03") >= 76 and b"\x00\x00\x00\x07" in data  # REFUSED_STREAM
     # a header block that never ends: CONTINUATION after CONTINUATION, until past the header list limit
     with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=30) as s:
-        s.sendall(PREFACE + _h2frame(4, 0, 0) + _h2frame(1, 0, 1, headers))
-        junk = _h2frame(9, 0, 1, b"\x40\x01x\x7f\x81" + b"y" * 16000)  # literal headers, over and over
+        s.sendall(PREFACE + h2frame(4, 0, 0) + h2frame(1, 0, 1, headers))
+        junk = h2frame(9, 0, 1, b"\x40\x01x\x7f\x81" + b"y" * 16000)  # literal headers, over and over
         try:
             for _ in range(400):
                 s.sendall(junk)
@@ -477,8 +471,8 @@ def test_http2_ping_and_settings_floods_from_a_client_that_never_reads(server):
     with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=2) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         # a call stays open, so gRPC's ping policy allows any number of PINGs: only backpressure is left
-        s.sendall(PREFACE + _h2frame(4, 0, 0) + _h2frame(1, 4, 1, _call_headers(SERVICE + "ModelStreamInfer")))
-        flood = (_h2frame(6, 0, 0, b"12345678") + _h2frame(4, 0, 0)) * 2000
+        s.sendall(PREFACE + h2frame(4, 0, 0) + h2frame(1, 4, 1, _call_headers(SERVICE + "ModelStreamInfer")))
+        flood = (h2frame(6, 0, 0, b"12345678") + h2frame(4, 0, 0)) * 2000
         sent = 0
         try:
             for _ in range(1000):  # up to 2,000,000 frames that each want an answer
@@ -534,9 +528,9 @@ def test_request_heads_over_the_limits_are_refused_and_those_within_are_served(s
     answer = _raw_http(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n%s\r\n" % many)
     assert answer.startswith(b"HTTP/1.1 431 ") and b"the request's head is larger than" in answer
     # gRPC: metadata past the soft limit fails that call, and the connection serves on
-    from hostile_clients import END_HEADERS, END_STREAM, HEADERS, Conn, call_block, h2frame, literal
-
     from tritonmp.frontends.http2 import HEADER_LIST_SOFT
+
+    from hostile_clients import END_HEADERS, END_STREAM, HEADERS, Conn, call_block, h2frame, literal
 
     conn = Conn(server.grpc_port)
     try:

@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
+from tritonmp.frontends import http2
+
 from hostile_clients import (
     CONTINUATION,
     DATA,
@@ -21,8 +24,6 @@ from hostile_clients import (
     literal,
 )
 from http2_harness import Harness
-
-from tritonmp.frontends import http2
 
 PADDED = 0x8
 

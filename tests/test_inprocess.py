@@ -24,6 +24,7 @@ from tritonmp import tritonfrontend, tritonserver
 from tritonmp.gpus import visible_gpus
 from tritonmp.tritonserver import _dlpack, _gpu
 
+import procfs
 from conftest import EXAMPLE_REPO, ROOT, TEST_MODELS, free_ports, shm_segments, wait_for, write_model
 
 ONES = np.ones((1, 3), np.float32)
@@ -642,8 +643,7 @@ def test_a_server_dropped_without_stop_stops_its_workers(example_repo):
     assert workers and None not in workers
     del server
     gc.collect()
-    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"
-                             for pid in workers), 30, "the dropped server's workers to exit")
+    wait_for(lambda: not any(procfs.alive(pid) for pid in workers), 30, "the dropped server's workers to exit")
 
 
 def test_options_without_a_counterpart_are_refused_not_ignored(server):

@@ -12,6 +12,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from conftest import TRITONMP
+from hostile_clients import h2frame
 from make_example_repo import binary_op_model, write
 
 # every flag of Triton 2.51's `tritonserver --help`, with a value it takes
@@ -100,15 +101,11 @@ def test_model_config_name_picks_the_named_config(start_server, tmp_path):
     assert httpclient.InferenceServerClient(server.url).get_model_config("add")["max_batch_size"] == 2
 
 
-def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes((kind, flags)) + struct.pack(">I", stream) + payload
-
-
 def test_grpc_keepalive_pings_and_closes_a_silent_connection(start_server, tmp_path):
     server = start_server([_repo(tmp_path)], "--grpc-keepalive-time=200", "--grpc-keepalive-timeout=300",
                           "--grpc-keepalive-permit-without-calls=true")
     with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=10) as s:
-        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0))
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2frame(4, 0, 0))
         started = time.monotonic()
         data = b""
         while True:  # read until the server ends the connection: it PINGs, gets no ACK, and closes
@@ -127,7 +124,7 @@ def test_grpc_keepalive_pings_and_closes_a_silent_connection(start_server, tmp_p
     assert 0.4 < took < 10
     # a client that answers is kept: three keepalive PINGs, each acknowledged, and no GOAWAY
     with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=10) as s:
-        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0))
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2frame(4, 0, 0))
         buf, pings = b"", 0
         while pings < 3:
             chunk = s.recv(65536)
@@ -139,7 +136,7 @@ def test_grpc_keepalive_pings_and_closes_a_silent_connection(start_server, tmp_p
                 buf = buf[9 + n:]
                 assert kind != 7, f"GOAWAY: {payload!r}"
                 if kind == 6 and not flags & 1:
-                    s.sendall(_frame(6, 1, 0, payload))
+                    s.sendall(h2frame(6, 1, 0, payload))
                     pings += 1
     assert grpcclient.InferenceServerClient(server.grpc_url).is_server_live()
 
@@ -148,14 +145,14 @@ def test_grpc_ping_strikes_end_a_connection_that_pings_too_often_without_calls(s
     server = start_server([_repo(tmp_path)], "--grpc-http2-min-recv-ping-interval-without-data=60000",
                           "--grpc-http2-max-ping-strikes=1")
     with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=10) as s:
-        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0) + _frame(6, 0, 0, b"pingping") * 4)
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2frame(4, 0, 0) + h2frame(6, 0, 0, b"pingping") * 4)
         data = b""
         while True:  # the first PING and one strike are answered; the next strike ends the connection
             chunk = s.recv(65536)
             if not chunk:
                 break
             data += chunk
-    assert data.count(_frame(6, 1, 0, b"pingping")) == 2
+    assert data.count(h2frame(6, 1, 0, b"pingping")) == 2
     goaway = data[data.index(b"too_many_pings") - 17:]  # its frame header, last stream id and error code
     assert goaway[3] == 7 and goaway[13:17] == struct.pack(">I", 0xB)  # GOAWAY ENHANCE_YOUR_CALM
     assert grpcclient.InferenceServerClient(server.grpc_url).is_server_live()  # others keep being served
@@ -170,7 +167,7 @@ def test_grpc_pings_after_each_answer_are_not_strikes(start_server, tmp_path):
                           "--grpc-http2-max-ping-strikes=1")
     encoder = hpack.Encoder()
     with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=10) as s:
-        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0))
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2frame(4, 0, 0))
         buf, acks, ended = b"", 0, set()
 
         def read_until(done):
@@ -193,7 +190,7 @@ def test_grpc_pings_after_each_answer_are_not_strikes(start_server, tmp_path):
             headers = encoder.encode([(":method", "POST"), (":scheme", "http"), (":authority", "x"),
                                       (":path", "/inference.GRPCInferenceService/ServerLive"),
                                       ("content-type", "application/grpc"), ("te", "trailers")])
-            s.sendall(_frame(1, 4, sid, headers) + _frame(0, 1, sid, b"\0\0\0\0\0"))
+            s.sendall(h2frame(1, 4, sid, headers) + h2frame(0, 1, sid, b"\0\0\0\0\0"))
             read_until(lambda sid=sid: sid in ended)
-            s.sendall(_frame(6, 0, 0, b"bdp-ping"))  # after the call has ended: no call open
+            s.sendall(h2frame(6, 0, 0, b"bdp-ping"))  # after the call has ended: no call open
         read_until(lambda: acks == 6)

@@ -8,6 +8,7 @@ import threading
 
 import orjson
 
+import procfs
 from conftest import X_TO_Y_CONFIG, shm_segments, wait_for, write_model
 
 
@@ -57,7 +58,7 @@ def test_crash_fails_in_flight_request_and_the_instance_comes_back(start_server,
     assert not failures, failures[:3]
     new_pid = _worker_pids(server, "crash_0")[-1]
     assert new_pid != first_pid
-    assert not os.path.exists(f"/proc/{first_pid}/status") or "zombie" in open(f"/proc/{first_pid}/status").read()
+    assert not procfs.alive(first_pid)
     restart = f"crash_0 of model 'crash' version 1 (pid {first_pid}) was killed by SIGKILL; restarting it"
     assert restart in server.log()
 
@@ -88,11 +89,7 @@ def test_killed_frontend_leaves_no_segment_and_its_workers_die(start_server, exa
 
 def _wait_gone(pid, timeout=10.0):
     def gone() -> bool:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                return "zombie" in f.read()
-        except FileNotFoundError:
-            return True
+        return not procfs.alive(pid)
 
     wait_for(gone, timeout, f"worker {pid} to die with its frontend")
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+import procfs
 from conftest import X_TO_Y_CONFIG, write_model
 
 ALLOCATING_MODEL = """
@@ -32,8 +33,7 @@ MIB = 1 << 20
 
 def _worker_rss(server) -> int:
     (pid,) = re.findall(r"worker alloc_0 of model 'alloc' version 1 is ready \(pid (\d+)\)", server.log())
-    with open(f"/proc/{pid}/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1)) * 1024
+    return procfs.rss_bytes(int(pid))
 
 
 def _infer(server) -> None:

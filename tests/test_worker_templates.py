@@ -10,15 +10,11 @@ import signal
 import orjson
 import pytest
 
+import procfs
 from conftest import wait_for
 
 ADD = orjson.dumps({"inputs": [{"name": "A", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]},
                                {"name": "B", "shape": [1, 3], "datatype": "FP32", "data": [4, 5, 6]}]})
-
-
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 def _templates(server) -> dict[str, list[int]]:
@@ -45,15 +41,15 @@ def test_workers_fork_from_their_backends_template_and_come_back_when_it_dies(st
     templates = _templates(server)
     python_template, onnx_template = templates["python"][-1], templates["onnxruntime"][-1]
     python_worker, onnx_worker = _workers(server, "add_py_0_0")[-1], _workers(server, "add_0")[-1]
-    assert _parent(python_worker) == python_template and _parent(onnx_worker) == onnx_template
-    assert _parent(python_template) == server.pid and _parent(onnx_template) == server.pid
+    assert procfs.parent(python_worker) == python_template and procfs.parent(onnx_worker) == onnx_template
+    assert procfs.parent(python_template) == server.pid and procfs.parent(onnx_template) == server.pid
     assert _infer(server, "add_py") == [5, 7, 9] and _infer(server, "add") == [5, 7, 9]
 
     os.kill(python_template, signal.SIGKILL)
     # its worker dies with it, and is forked again from a template started anew
     wait_for(lambda: len(_workers(server, "add_py_0_0")) == 2, 60, "the python worker to come back")
     new_template, new_worker = _templates(server)["python"][-1], _workers(server, "add_py_0_0")[-1]
-    assert new_template != python_template and _parent(new_worker) == new_template
+    assert new_template != python_template and procfs.parent(new_worker) == new_template
     assert f"the python worker template (pid {python_template}) exited" in server.log()
     assert _infer(server, "add_py") == [5, 7, 9]
     # the other backend's template and worker were not touched
@@ -64,7 +60,7 @@ def test_workers_fork_from_their_backends_template_and_come_back_when_it_dies(st
 def test_exec_starts_each_worker_as_the_servers_own_child(start_server, example_repo):
     server = start_server([example_repo], "--worker-start", "exec")
     assert not _templates(server)
-    assert _parent(_workers(server, "add_py_0_0")[-1]) == server.pid
+    assert procfs.parent(_workers(server, "add_py_0_0")[-1]) == server.pid
     assert _infer(server, "add_py") == [5, 7, 9] and _infer(server, "add") == [5, 7, 9]
 
 
@@ -89,6 +85,6 @@ def test_where_a_template_cannot_start_its_workers_are_started_by_exec(start_ser
     monkeypatch.setenv("TRITONMP_TEMPLATE_FAILS", "python")  # the testing hook: that template exits at once
     server = start_server([example_repo])
     assert "worker add_py_0_0 of model 'add_py' is started by exec instead" in server.log()
-    assert _parent(_workers(server, "add_py_0_0")[-1]) == server.pid
-    assert _parent(_workers(server, "add_0")[-1]) == _templates(server)["onnxruntime"][-1]
+    assert procfs.parent(_workers(server, "add_py_0_0")[-1]) == server.pid
+    assert procfs.parent(_workers(server, "add_0")[-1]) == _templates(server)["onnxruntime"][-1]
     assert _infer(server, "add_py") == [5, 7, 9] and _infer(server, "add") == [5, 7, 9]
