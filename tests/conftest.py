@@ -128,6 +128,18 @@ def add_inputs(module, a, b=None):
     return inputs
 
 
+def infer_add(client, model: str = "add", a=None, b=None, **options):
+    """C of an add model for A and B (B defaults to A, A to ones of shape [1, 3]), over the client's
+    protocol (tritonclient.http or .grpc); `options` go to its infer."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    module = grpcclient if isinstance(client, grpcclient.InferenceServerClient) else httpclient
+    a = np.ones((1, 3), np.float32) if a is None else a
+    return client.infer(model, add_inputs(module, a, b), **options).as_numpy("C")
+
+
 # a python model taking X and answering Y, both FP32 of shape [1], unbatched
 X_TO_Y_CONFIG = ('backend: "python"\nmax_batch_size: 0\n'
                  'input [ { name: "X", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'

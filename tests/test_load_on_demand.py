@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import TEST_MODELS, http_request, scrape_metrics
+from conftest import TEST_MODELS, http_request, infer_add, scrape_metrics
 
 ONES = np.ones((1, 3), np.float32)
 
@@ -33,11 +33,8 @@ def _repository(root, examples, n: int):
     return repo
 
 
-def _add(client, module, model):
-    inputs = [module.InferInput(name, [1, 3], "FP32") for name in ("A", "B")]
-    for tensor in inputs:
-        tensor.set_data_from_numpy(ONES)
-    return client.infer(model, inputs).as_numpy("C").tolist()
+def _add(client, model):
+    return infer_add(client, model, ONES).tolist()
 
 
 def _slots(client, x, seq, **flags):
@@ -65,13 +62,13 @@ def test_models_load_on_their_first_request_and_the_least_recently_used_go(start
 
     # a sequence opens on sequence_slots: it is in use from then on, and never unloaded to make room
     assert _slots(grpc, 5, 1, sequence_start=True) == 5
-    assert _add(http, httpclient, "m0") == [[2, 2, 2]]  # HTTP
-    assert _add(grpc, grpcclient, "onnx_add") == [[2, 2, 2]]  # gRPC, an ONNX model
+    assert _add(http, "m0") == [[2, 2, 2]]  # HTTP
+    assert _add(grpc, "onnx_add") == [[2, 2, 2]]  # gRPC, an ONNX model
     assert _resident(server) == {"sequence_slots", "m0", "onnx_add"}
     # a fourth: the least recently used model not in use (m0) makes room
     assert grpc.get_model_metadata("m1").name == "m1"  # metadata waits for the load too
     assert _resident(server) == {"sequence_slots", "onnx_add", "m1"}
-    assert _add(http, httpclient, "m2") == [[2, 2, 2]]
+    assert _add(http, "m2") == [[2, 2, 2]]
     assert _resident(server) == {"sequence_slots", "m1", "m2"}
     assert _slots(grpc, 7, 1, sequence_end=True) == 12  # the sequence's state was kept all along
 
@@ -89,9 +86,9 @@ def test_models_load_on_their_first_request_and_the_least_recently_used_go(start
         "loading": []}
 
     # an evicted model loads again; an unknown one is still unknown
-    assert _add(grpc, grpcclient, "m0") == [[2, 2, 2]]
+    assert _add(grpc, "m0") == [[2, 2, 2]]
     with pytest.raises(InferenceServerException, match="unknown model"):
-        _add(http, httpclient, "nowhere")
+        _add(http, "nowhere")
 
 
 def test_concurrent_first_requests_share_one_load(start_server, repo):
@@ -101,7 +98,7 @@ def test_concurrent_first_requests_share_one_load(start_server, repo):
     answers, threads = [], []
     for _ in range(8):
         client = httpclient.InferenceServerClient(server.url)
-        threads.append(threading.Thread(target=lambda c=client: answers.append(_add(c, httpclient, "m3"))))
+        threads.append(threading.Thread(target=lambda c=client: answers.append(_add(c, "m3"))))
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -134,7 +131,7 @@ def test_the_status_page_shows_what_is_resident(start_server, repo, tmp_path):
     server = start_server([repo], "--load-on-demand", "--max-resident-models", "1")
     http = httpclient.InferenceServerClient(server.url)
     for model in ("m0", "m1"):
-        assert _add(http, httpclient, model) == [[2, 2, 2]]
+        assert _add(http, model) == [[2, 2, 2]]
     dom = _render(server, tmp_path)
     assert re.search(r'id="residency-card"(?! hidden)[^>]*>', dom)  # shown where models load on demand
     assert '<div class="value" id="resident">1 / 1</div>' in dom

@@ -9,14 +9,11 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import add_inputs
+from conftest import infer_add
 
 
 def _infer(server, request_id):
-    client = httpclient.InferenceServerClient(server.url)
-    a = np.ones((1, 3), np.float32)
-    inputs = add_inputs(httpclient, a)
-    client.infer("add", inputs, request_id=request_id)
+    infer_add(httpclient.InferenceServerClient(server.url), request_id=request_id)
 
 
 def test_verbose_level_turns_request_logging_on_and_off(start_server, example_repo):

@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import X_TO_Y_CONFIG, add_inputs, scrape_metrics, write_model
+from conftest import X_TO_Y_CONFIG, infer_add, scrape_metrics, write_model
 from make_example_repo import binary_op_model
 
 ADD_PY_CONFIG = {
@@ -31,9 +31,7 @@ def _config(**changes):
 
 
 def _add(client, model="add_py", rows=1):
-    a = np.full((rows, 3), 2.0, np.float32)
-    inputs = add_inputs(httpclient, a)
-    return client.infer(model, inputs).as_numpy("C")
+    return infer_add(client, model, np.full((rows, 3), 2.0, np.float32))
 
 
 @pytest.fixture

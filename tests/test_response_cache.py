@@ -6,13 +6,11 @@ import shutil
 import numpy as np
 import tritonclient.http as httpclient
 
-from conftest import add_inputs
+from conftest import infer_add
 
 
 def _add(client, value):
-    a = np.full((1, 3), value, np.float32)
-    inputs = add_inputs(httpclient, a)
-    return client.infer("add_py", inputs, request_id=f"r{value}").as_numpy("C")
+    return infer_add(client, "add_py", np.full((1, 3), value, np.float32), request_id=f"r{value}")
 
 
 def test_identical_requests_hit_the_cache(start_server, example_repo, tmp_path):

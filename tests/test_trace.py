@@ -2,23 +2,20 @@
 
 import json
 
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import add_inputs, http_request
+from conftest import http_request, infer_add
 
 STAGES = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
           "COMPUTE_END", "REQUEST_END"]
 
 
 def _infer(client, model="add", n=1):
-    a = np.ones((1, 3), np.float32)
-    inputs = add_inputs(httpclient, a)
     for _ in range(n):
-        client.infer(model, inputs)
+        infer_add(client, model)
 
 
 def test_timestamps_traces_of_sampled_requests(start_server, example_repo, tmp_path):
