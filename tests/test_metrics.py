@@ -128,3 +128,25 @@ def test_gpu_metrics_through_nvml(start_server, example_repo):
     samples = _scrape(server)
     for name in ("nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes", "nv_gpu_power_usage"):
         assert any(k.startswith(name + '{gpu_uuid="') for k in samples), name
+
+
+def test_a_duration_counts_in_the_first_bucket_whose_bound_it_does_not_exceed():
+    from tritonmp.observability.stats import LATENCY_BUCKETS_US, ModelStats
+
+    def buckets(us: float) -> tuple[int, int, int]:
+        """The bucket a request's duration lands in, as a success and as a failure, and its queue
+        time's bucket (counted for the success only, as Triton counts queue time)."""
+        stats = ModelStats("m", 1)
+        stats.finished(True, 1, int(us * 1000), queue_ns=int(us * 1000))
+        stats.finished(False, 1, int(us * 1000), queue_ns=int(us * 1000))
+        assert sum(stats.latency_buckets) == 2 and sum(stats.queue_buckets) == 1
+        latency = [i for i, n in enumerate(stats.latency_buckets) if n]
+        assert len(latency) == 1 and stats.latency_buckets[latency[0]] == 2
+        return latency[0], stats.queue_buckets.index(1)
+
+    last = len(LATENCY_BUCKETS_US)
+    assert buckets(0) == (0, 0)
+    assert buckets(100) == (0, 0)  # on the bound: that bucket (Prometheus' le)
+    assert buckets(100.5) == (1, 1)
+    assert buckets(LATENCY_BUCKETS_US[-1]) == (last - 1, last - 1)
+    assert buckets(LATENCY_BUCKETS_US[-1] + 1) == (last, last)  # +Inf

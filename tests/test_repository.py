@@ -14,6 +14,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tritonmp.errors import ServerError
+
 from conftest import X_TO_Y_CONFIG, infer_add, scrape_metrics, write_model
 from make_example_repo import binary_op_model
 
@@ -266,3 +268,21 @@ def test_a_model_that_fails_to_initialize_reports_why(start_server, tmp_path):
     _refused_as_triton_refuses(server, "broken")
     ready = {k: v for k, v in scrape_metrics(server).items() if k.startswith("tritonmp_model_ready")}
     assert ready == {'tritonmp_model_ready{model="broken",version=""}': 0}  # what the not-ready alert sees
+
+
+def test_model_versions_are_read_as_stol_reads_them():
+    from tritonmp.lifecycle.model_manager import parse_version
+
+    read = {"": -1, "1": 1, "007": 7, " \t1": 1, "+2": 2, "-0": 0, "3abc": 3, "1.5": 1, "0x10": 0,
+            str(2**63 - 1): 2**63 - 1}
+    for text, number in read.items():
+        assert parse_version(text) == number, text
+        assert parse_version(text) == number, text  # kept
+    for text in ("abc", " ", "+", "٣", str(2**63), str(-2**63 - 1), "_1"):
+        with pytest.raises(ServerError) as e:
+            parse_version(text)
+        assert e.value.message == (f"failed to get model version from specified version string '{text}' "
+                                   "(details: stol), version should be an integral value > 0")
+    with pytest.raises(ServerError) as e:
+        parse_version("-3")
+    assert e.value.message == "invalid model version specified '-3' , version should be an integral value > 0"

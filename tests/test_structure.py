@@ -166,3 +166,17 @@ def test_modules_stay_small_or_say_why():
     assert not over, f"modules over {MAX_LINES} lines without a stated reason (LARGE): {over}"
     stale = [name for name in LARGE if sizes.get(name, 0) <= MAX_LINES]
     assert not stale, f"listed as large but no longer are (take them off LARGE): {stale}"
+
+
+def test_every_package_of_the_source_tree_is_installed():
+    """pyproject.toml lists packages by name: a new subpackage missing there works from a checkout
+    (editable install) and is absent from the wheel users install."""
+    from pathlib import Path
+
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"tritonmp." + ".".join(p.parent.relative_to(root / "tritonmp").parts)
+             for p in (root / "tritonmp").rglob("__init__.py") if p.parent != root / "tritonmp"}
+    assert found | {"tritonmp", "tritonmp.workers"} <= listed
