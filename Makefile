@@ -49,8 +49,9 @@ serve: example-repo
 typecheck: install
 	$(BIN)/mypy
 
+# QUICK=1 leaves out the tests marked slow, for a quick loop while working
 test: example-repo frameworks node-client typecheck
-	$(BIN)/python -m pytest -q -m "not compat and not container" $(ARGS)
+	$(BIN)/python -m pytest -q -m "not compat and not container$(if $(QUICK), and not slow)" $(ARGS)
 
 # Installs the reference Triton server (../shared/anchors/setup.sh) when it is missing, then compares.
 ANCHORS ?= $(HOME)/.cache/tritonmp-anchors

@@ -398,9 +398,9 @@ class Instance:
         batch, self.batch = self.batch, None
         if batch is None or result.batch_id != self.running_id:
             return
-        pool = self.settings
-        if pool.decoupled:  # the responses come as STREAM messages; this only ends the execution
-            real = [r for r in batch if not r.null] if pool.null_rows else batch
+        settings = self.settings
+        if settings.decoupled:  # the responses come as STREAM messages; this only ends the execution
+            real = [r for r in batch if not r.null] if settings.null_rows else batch
             # placeholder rows count in the batch's size, as Triton counts its null requests, but not as requests
             self.stats.executed(sum(r.batch_size for r in batch), 0 if result.error else len(real),
                                 self.encode_ns + result.input_ns, result.infer_ns, result.output_ns)
@@ -420,13 +420,13 @@ class Instance:
         outputs = self.worker.wire()[1]
         read = outputs.reader(self.batch_out)
         try:
-            responses = batching.decode(result, batch, pool.merge, frames, read, pool.output_types, pool.model_name,
-                                        str(pool.version), pool.ragged)
+            responses = batching.decode(result, batch, settings.merge, frames, read, settings.output_types,
+                                        settings.model_name, str(settings.version), settings.ragged)
         finally:
             outputs.done(self.batch_out, read)
         now = time.monotonic_ns()
         # a python model's own error response counts as a success, as Triton's python backend counts it
-        own_ok = not pool.merge
+        own_ok = not settings.merge
         failed = sum(1 for r in responses if isinstance(r, ServerError) and not (own_ok and r.from_model))
         not_run = result.not_run  # cancelled while their batch was sent ahead: counted nowhere, as if queued
         ran = batch
@@ -435,7 +435,7 @@ class Instance:
             failed -= sum(1 for index in not_run if isinstance(missed := responses[index], ServerError)
                           and not (own_ok and missed.from_model))
         rows = sum(r.batch_size for r in ran)  # placeholder rows count in the batch's size, as Triton's null requests
-        if pool.null_rows:  # but not as requests
+        if settings.null_rows:  # but not as requests
             failed -= sum(1 for r, response in zip(batch, responses) if r.null and isinstance(response, ServerError)
                           and not (own_ok and response.from_model))
             ran = [r for r in ran if not r.null]
@@ -452,7 +452,7 @@ class Instance:
             log.debug("batch %d done on instance '%s': input %.0fus, infer %.0fus, output %.0fus%s", result.batch_id,
                       self.spec.name, result.input_ns / 1e3, result.infer_ns / 1e3, result.output_ns / 1e3,
                       f"; failed: {result.error}" if result.error else "")
-        deferred = pool.senders and not result.error and len(result.responses) == len(batch)
+        deferred = settings.senders and not result.error and len(result.responses) == len(batch)
         for index, (request, response) in enumerate(zip(batch, responses)):
             if request.null:
                 self.streams.pop(stream_key(result.batch_id, index), None)
@@ -460,7 +460,7 @@ class Instance:
             if not_run and index in not_run:
                 self.streams.pop(stream_key(result.batch_id, index), None)
                 continue
-            if pool.senders:
+            if settings.senders:
                 if deferred and result.responses[index].rescheduled:
                     self._run_again(result.batch_id, index, request)
                     continue
