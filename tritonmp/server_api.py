@@ -1,5 +1,7 @@
-"""The server API: the protocol-independent core under every frontend: health, metadata, config and inference.
-Validation, scheduling and errors live here once; frontends only decode and encode."""
+"""The server API: the protocol-independent core under every frontend, and the one place the
+frontends reach it: health, metadata, config, statistics, clients' shared memory, repository
+control, inference, and what the server reports of itself (metrics, the status document). Frontends
+only decode and encode."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Ensembles, run in the frontend: each step is an inference request to a composing model through
-the server API, started as soon as the ensemble tensors it needs exist, so independent steps run
-at the same time. Step outputs feed the next steps without leaving the frontend."""
+"""An ensemble's served version, run in the frontend: each step is an inference request to a
+composing model through the server API, started as soon as the ensemble tensors it needs exist, so
+independent steps run at the same time. Step outputs feed the next steps without leaving the
+frontend. It finds and loads its composing models through ComposingModels (the model manager)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The models this server serves: read the repositories, start each served version's instances,
-keep its state (LOADING, READY, UNAVAILABLE with a reason), and find a model for a request."""
+"""The models this server serves: load, reload and unload them from the repositories
+(repositories.py), keep each version's state (LOADING, READY, UNAVAILABLE with a reason), poll for
+changes, load a model on its first request where models load on demand (acting on the residency
+policy, residency.py), and find the version a request is for."""
 
 from __future__ import annotations
 
