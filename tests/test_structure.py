@@ -180,3 +180,36 @@ def test_every_package_of_the_source_tree_is_installed():
     found = {"tritonmp." + ".".join(p.parent.relative_to(root / "tritonmp").parts)
              for p in (root / "tritonmp").rglob("__init__.py") if p.parent != root / "tritonmp"}
     assert found | {"tritonmp", "tritonmp.workers"} <= listed
+
+
+def test_no_module_reaches_into_a_private_name_of_another_layers_module():
+    """`module._name` where `module` is a package module of another layer: what another layer may use
+    of a module is its public names."""
+    modules = _modules()
+    reaches = []
+    for name, path in modules.items():
+        if not name:
+            continue
+        tree = ast.parse(path.read_text())
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        local: dict[str, str] = {}  # a name bound to a package module -> that module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[:len(package) - (node.level - 1)] if node.level > 1 else package
+                    target = ".".join([*base, *([node.module] if node.module else [])])
+                elif (node.module or "").startswith("tritonmp"):
+                    target = node.module.removeprefix("tritonmp").lstrip(".")
+                else:
+                    continue
+                for alias in node.names:
+                    full = f"{target}.{alias.name}".lstrip(".")
+                    if full in modules:
+                        local[alias.asname or alias.name] = full
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.attr.startswith("_")
+                    and not node.attr.startswith("__") and node.value.id in local):
+                target = local[node.value.id]
+                if _layer(target) != _layer(name):
+                    reaches.append(f"{name}:{node.lineno} reads {target}.{node.attr}")
+    assert not reaches, "\n".join(reaches)
