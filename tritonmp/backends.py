@@ -9,10 +9,7 @@ The GPU checks look at installed files only, so the frontend imports no framewor
 
 from __future__ import annotations
 
-import ctypes.util
 import functools
-import glob
-import importlib.metadata
 import importlib.util
 import os
 from collections.abc import Callable
@@ -29,6 +26,8 @@ class ModelFormat:
 
 
 def _package_files(package: str, pattern: str) -> bool:
+    import glob  # here, not at the top: workers read this module too, and never ask
+
     try:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
@@ -39,6 +38,8 @@ def _package_files(package: str, pattern: str) -> bool:
 
 
 def _installed(distribution: str) -> bool:
+    import importlib.metadata
+
     try:
         importlib.metadata.distribution(distribution)
     except importlib.metadata.PackageNotFoundError:
@@ -48,6 +49,8 @@ def _installed(distribution: str) -> bool:
 
 def _tensorflow_gpu() -> bool:
     """The full build, with cuDNN beside it (tensorflow[and-cuda], or the system's)."""
+    import ctypes.util
+
     return _installed("tensorflow") and not _installed("tensorflow-cpu") and (
         _package_files("nvidia", os.path.join("cudnn", "lib", "libcudnn.so*"))
         or ctypes.util.find_library("cudnn") is not None)
