@@ -581,9 +581,10 @@ def test_restricted_apis_match_for_every_endpoint(tmp_path):
     for group in ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
                   "statistics", "trace", "logging"):
         args += [f"--http-restricted-api={group}:k-{group}=v", f"--grpc-restricted-protocol={group}:k-{group}=v"]
+    left: list[str] = []
     with contextlib.ExitStack() as stack:
         ours = ServerProcess([repo], ["--model-control-mode=explicit", *args], tmp_path / "tritonmp.log")
-        stack.callback(ours.cleanup)
+        stack.callback(lambda: left.extend(ours.close()))
         ref = Reference(repo, tmp_path / "triton.log", tuple(args), (ours.http_port, ours.grpc_port, ours.metrics_port))
         stack.callback(ref.stop)
         for server in (ours, ref):  # readiness is restricted too: wait with the header
@@ -594,6 +595,7 @@ def test_restricted_apis_match_for_every_endpoint(tmp_path):
         for server in (ours, ref):
             http = {f"{m} {p}": http_request(server.http_port, m, p, b)[::2] for m, p, b in RESTRICTABLE_HTTP}
             answers.append((http, _grpc_restricted_answers(f"127.0.0.1:{server.grpc_port}")))
+    assert not left, f"shared memory left behind: {left}"
     assert answers[0] == answers[1]
     assert all(status == 403 for status, _ in answers[0][0].values())
 
@@ -703,9 +705,10 @@ def _model_log_counts(tmp_path, which: str, settings: dict) -> list[int]:
     log_file = tmp_path / f"{which}.server.log"
     args = ("--load-model=*", f"--log-file={log_file}")
     x = orjson.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]})
+    left: list[str] = []
     if which == "ours":
         server = ServerProcess([tmp_path / "repo"], ["--model-control-mode=explicit", *args], tmp_path / "ours.out")
-        port, stop = server.http_port, server.cleanup
+        port, stop = server.http_port, lambda: left.extend(server.close())
     else:
         ref = Reference(tmp_path / "repo", tmp_path / "ref.out", args)
         port, stop = ref.http_port, ref.stop
@@ -716,6 +719,7 @@ def _model_log_counts(tmp_path, which: str, settings: dict) -> list[int]:
         assert http_request(port, "POST", "/v2/models/logging/infer", x)[0] == 200
     finally:
         stop()
+    assert not left, f"shared memory left behind: {left}"
     text = log_file.read_text()
     return [text.count(f"{kind} Msg!") for kind in ("Specific", "Info", "Warning", "Error", "Verbose")]
 
