@@ -165,6 +165,7 @@ def _answered(tally: dict, answer: str) -> bool:
     return all(any(a.startswith(part) for a in tally["answers"]) for part in answer.split("|"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,memory_mib,answer", ATTACKS, ids=[a[0] for a in ATTACKS])
 def test_one_hostile_client_does_not_stall_the_others(server, name, memory_mib, answer):
     with LegitLoad(server) as load:

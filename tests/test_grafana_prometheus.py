@@ -18,8 +18,9 @@ import yaml
 from conftest import ROOT, free_ports, serving, wait_for
 
 PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
-pytestmark = pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None,
-                                reason="Debian's prometheus is not installed (.ci/run installs it)")
+pytestmark = [pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None,
+                                 reason="Debian's prometheus is not installed (.ci/run installs it)"),
+              pytest.mark.slow]
 DASHBOARD = ROOT / "deploy" / "grafana" / "tritonmp.json"
 SCRAPE_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"

@@ -83,6 +83,7 @@ def test_a_message_declared_over_the_limit_is_refused_before_its_bytes(wire_serv
     assert "larger than max" in trailers["grpc-message"]
 
 
+@pytest.mark.slow
 def test_frontend_memory_does_not_grow_with_64_mib_requests(start_server, echo_repo):
     """25 ModelInfer calls of 64 MiB each way: the frontend's resident memory after them is within
     64 MiB (one tensor) of what it was after the first 5 (builtin engine); a tensor kept per call

@@ -143,6 +143,7 @@ def test_is_ready_is_answered_while_the_model_executes(readiness):
     assert answered == [4.0]
 
 
+@pytest.mark.slow
 def test_a_check_that_takes_too_long_is_not_ready_and_the_next_caller_shares_its_answer(readiness):
     with httpclient.InferenceServerClient(readiness.url) as http, \
             grpcclient.InferenceServerClient(readiness.grpc_url) as grpc:

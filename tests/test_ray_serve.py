@@ -32,7 +32,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 REPLICAS = 2
 # the tutorial's autoscaling_config sets metrics_interval_s, which Serve now reads from its environment
-pytestmark = pytest.mark.filterwarnings("ignore:The `metrics_interval_s` field:DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:The `metrics_interval_s` field:DeprecationWarning"), pytest.mark.slow]
 IDENTITY_PY = '''
 import triton_python_backend_utils as pb_utils
 

@@ -74,6 +74,7 @@ def test_status_json_describes_models_instances_traffic_and_settings(start_serve
     assert http_request(server.metrics_port, "POST", "/status.json", b"{}")[0] == 404
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_the_page_shows_live_traffic_a_crashed_model_and_regions(start_server, example_repo, test_repo, tmp_path):
     server = start_server([example_repo, test_repo], "--allow-client-shm=true", "--exit-on-error=false")

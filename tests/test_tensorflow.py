@@ -15,6 +15,7 @@ from conftest import serving
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed (pip install 'tritonmp[tensorflow]')")
+pytestmark = pytest.mark.slow  # importing tensorflow in a worker takes seconds
 
 SPEC = tf.TensorSpec([None, 4], tf.float32)
 
