@@ -14,6 +14,8 @@ from .frontends.http_protocol import Limits
 from .frontends.restricted import GRPC_HEADER_PREFIX, Restrictions
 from .logs import get_logger
 from .settings import DEFAULTS, ServerSettings, SettingsError
+from .storage.locations import is_remote
+from .storage.remote import repository_problem
 
 _bool = triton_flags.parse_bool
 
@@ -188,8 +190,9 @@ def serve(argv: list[str]) -> int:
     if args.response_cache_byte_size > 0 and not args.cache_config:
         args.cache_config = [f"local,size={args.response_cache_byte_size}"]
     for repo in args.model_repository:
-        if not os.path.isdir(repo):
-            log.error("model repository '%s' is not a directory", repo)
+        problem = repository_problem(repo)
+        if problem:
+            log.error("%s", problem)
             return 1
     use_ssl = bool(args.grpc_use_ssl or args.grpc_use_ssl_mutual)
     if use_ssl:
@@ -214,7 +217,7 @@ def serve(argv: list[str]) -> int:
 
     auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
     settings = ServerSettings(
-        repositories=[os.path.abspath(r) for r in args.model_repository], workers=args.workers,
+        repositories=[r if is_remote(r) else os.path.abspath(r) for r in args.model_repository], workers=args.workers,
         auto_complete=auto_complete, default_max_batch_sizes=max_batch_sizes, config_name=args.model_config_name,
         gpus=visible_gpus(), arena_bytes=args.arena_mb << 20, log_verbose=args.log_verbose,
         execution_timeout=args.execution_timeout_secs, load_timeout=args.model_load_timeout_secs,

@@ -55,7 +55,7 @@ class ServerRuntime:
         """Load every model of the repositories (or the named ones); the failures, one line each."""
         await self.models.load_all(names)
         self.api.loaded = True
-        self.fingerprints = self.models.repositories.fingerprints()
+        self.fingerprints = await self.models.repositories.fingerprints()
         return self.models.failures()
 
     async def poll(self) -> None:

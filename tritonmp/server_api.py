@@ -166,7 +166,9 @@ class ServerApi:
         return status.status(self.models, self.shm, self.started, self.loaded, system, history)
 
     # -- the repository API ------------------------------------------------------------------
-    def repository_index(self, ready_only: bool = False) -> list[dict]:
+    async def repository_index(self, ready_only: bool = False) -> list[dict]:
+        """The index, with object stores listed again where their listing is over a second old."""
+        await self.models.repositories.refresh(max_age=1.0)
         return self.models.index(ready_only)
 
     def _check_explicit(self) -> None:

@@ -139,7 +139,7 @@ class InferenceService:
 
     async def RepositoryIndex(self, request):
         response = pb.RepositoryIndexResponse()
-        for row in self.api.repository_index(request.ready):
+        for row in await self.api.repository_index(request.ready):
             response.models.add(**row)
         return response
 

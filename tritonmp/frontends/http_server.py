@@ -302,7 +302,7 @@ class HttpApp:
         ready = (await self._json_body(receive)).get("ready", False)
         if type(ready) is not bool:
             raise wrong_json_type("boolean")
-        await _send(send, 200, orjson.dumps(self.api.repository_index(ready)))
+        await _send(send, 200, orjson.dumps(await self.api.repository_index(ready)))
 
     async def repository_load(self, receive, send, model: str) -> None:
         params = (await self._json_body(receive)).get("parameters") or {}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -94,6 +93,7 @@ class ModelManager:
     async def load_all(self, names: list[str] | None = None) -> None:
         """Startup: load every model (or the named ones), recording failures instead of raising. With
         --load-on-demand, only the named ones: the others load when first asked for."""
+        await self.repositories.refresh()
         found = self.repositories.discover()
         wanted = sorted(found) if names is None or "*" in names else names
         if self.residency is not None:
@@ -149,7 +149,7 @@ class ModelManager:
                 raise invalid(f"failed to load '{name}': not a valid model name")
             files_dir, path = write_files(name, files)
         else:
-            files_dir, path = "", self.repositories.model_dir(name)
+            files_dir, path = await self.repositories.localize(name)
         entry = self.models.setdefault(name, ModelEntry(name, path))
         async with entry.lock:
             failed: dict[int, str] = {}
@@ -157,7 +157,7 @@ class ModelManager:
                 new = await self._start_versions(name, path, config_override, failed)
             except ServerError as e:
                 if files_dir:
-                    shutil.rmtree(files_dir, ignore_errors=True)
+                    self.repositories.remove_copy(files_dir)
                 log.error("%s", e.message)
                 message = self.repositories.public(name, e.message, files_dir)
                 if entry.versions:
@@ -216,7 +216,7 @@ class ModelManager:
             await asyncio.gather(*(mv.retire(self.settings.exit_timeout) for mv in versions))
             self.retiring.difference_update(versions)
             if files_dir:
-                shutil.rmtree(files_dir, ignore_errors=True)
+                self.repositories.remove_copy(files_dir)
 
         if versions or files_dir:
             task = asyncio.get_running_loop().create_task(retire())
@@ -275,7 +275,7 @@ class ModelManager:
 
     async def poll_once(self, seen: dict) -> dict:
         """One look at the repositories since `seen` (their fingerprints then); the fingerprints now."""
-        now = self.repositories.fingerprints()
+        now = await self.repositories.fingerprints()
         for name in sorted(set(seen) | set(now)):
             if name not in now:
                 await self.unload(name)
@@ -316,8 +316,17 @@ class ModelManager:
         try:
             return self.get(name, version)
         except NotResident:
-            await self._resident(name)
-            return self.get(name, version)
+            pass
+        except ServerError as e:
+            # a model put in an object store since its last listing: listed again, at most once a second
+            if e.status != Status.NOT_FOUND or self.residency is None or not self.repositories.remote \
+                    or name in self.models:
+                raise
+            await self.repositories.refresh(max_age=1.0)
+            if not self.repositories.in_repository(name):
+                raise
+        await self._resident(name)
+        return self.get(name, version)
 
     # -- loading on demand (--load-on-demand) ----------------------------------------------
     async def _resident(self, name: str) -> None:
@@ -423,7 +432,8 @@ class ModelManager:
             await self.templates.close()
         for e in self.models.values():
             if e.files_dir:
-                shutil.rmtree(e.files_dir, ignore_errors=True)
+                self.repositories.remove_copy(e.files_dir)
+        self.repositories.close()
 
 
 class NotResident(ServerError):

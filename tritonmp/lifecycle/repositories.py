@@ -1,17 +1,29 @@
-"""The model repositories as directories of this file system: which directories hold which model,
-their files' fingerprints (to notice changes when polling), the files a load request sends written
-to a private directory, and a load failure worded without this server's paths."""
+"""The model repositories, local directories and object stores: which one holds which model, a model's
+local directory for a load (an object store's copied to a private folder), their fingerprints (to
+notice changes when polling), the files a load request sends written to a private directory, and a
+load failure worded without this server's paths."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import ServerError, internal
 from ..logs import get_logger
+from ..storage.credentials import CredentialError
+from ..storage.locations import LocationError, is_remote
+from ..storage.remote import Listing, RemoteRepository, StoredFile
+from ..storage.stores import StoreError
 
 log = get_logger("models")
+
+FETCHES_AT_ONCE = 8  # object downloads at once, across every load
+MOUNT_DIRECTORIES = {"s3": "TRITON_AWS_MOUNT_DIRECTORY", "gs": "TRITON_GCS_MOUNT_DIRECTORY",
+                     "as": "TRITON_AZURE_MOUNT_DIRECTORY"}
 
 
 def valid_model_name(name: str) -> bool:
@@ -21,15 +33,33 @@ def valid_model_name(name: str) -> bool:
 
 
 class Repositories:
-    """The model repositories, in the order they were given."""
+    """The model repositories, in the order they were given: local directories and object-store
+    repositories (s3://, gs://, as://). A model of an object store is copied to a private local folder
+    for each load (under TRITON_AWS_MOUNT_DIRECTORY, TRITON_GCS_MOUNT_DIRECTORY or
+    TRITON_AZURE_MOUNT_DIRECTORY, else a temporary folder of this server), which goes when the versions
+    loaded from it have retired; the stores' listings are what `discover` reads of them."""
 
     def __init__(self, paths: list[str]):
         self.paths = paths
+        self.remote = {p: RemoteRepository(p) for p in paths if is_remote(p)}
+        self._listed: dict[str, Listing] = {}  # an object-store repository's last listing, by URI
+        self._listed_at = -1e9
+        self._refresh: asyncio.Future[None] | None = None  # the listing under way, shared by its callers
+        self._fetches: ThreadPoolExecutor | None = None
+        self._temporary = ""  # this server's folder for copies, where no mount directory is set
+        self.copies: set[str] = set()  # the private folders of copies not yet removed
 
+    # -- what the repositories hold ---------------------------------------------------------
     def discover(self) -> dict[str, list[str]]:
-        """Model name -> the directories that hold a model of that name, repository order."""
+        """Model name -> where a model of that name is (its directory, or its URI in an object store),
+        repository order. Object stores as their last listing saw them."""
         found: dict[str, list[str]] = {}
         for repo in self.paths:
+            if repo in self.remote:
+                for name in sorted(self._listed.get(repo, {})):
+                    if valid_model_name(name):
+                        found.setdefault(name, []).append(f"{repo}/{name}")
+                continue
             try:
                 names = sorted(os.listdir(repo))
             except OSError as e:
@@ -41,46 +71,164 @@ class Repositories:
                     found.setdefault(name, []).append(path)
         return found
 
-    def model_dir(self, name: str) -> str:
+    def source(self, name: str) -> str:
+        """Where the one model `name` of the repositories is; a failed poll when none or several hold it."""
         if not valid_model_name(name):
-            raise internal(f"failed to load '{name}', failed to poll from model repository: not a valid "
-                           "model name")
-        dirs = self.discover().get(name)
-        if not dirs:
-            raise internal(f"failed to load '{name}', failed to poll from model repository: no model directory "
-                           f"'{name}' in the model repositories")
-        if len(dirs) > 1:
-            raise internal(f"failed to load '{name}', failed to poll from model repository: model '{name}' "
-                           f"appears in {len(dirs)} model repositories; keep one")
-        return dirs[0]
+            raise poll_failed(name, "not a valid model name")
+        found = self.discover().get(name)
+        if not found:
+            raise poll_failed(name, f"no model directory '{name}' in the model repositories")
+        if len(found) > 1:
+            raise poll_failed(name, f"model '{name}' appears in {len(found)} model repositories; keep one")
+        return found[0]
+
+    def in_repository(self, name: str) -> bool:
+        return valid_model_name(name) and name in self.discover()
 
     def public(self, name: str, message: str, files_dir: str = "") -> str:
         """A load failure as clients see it: Triton's `failed to load '<name>', ` first (clients
         match on it), and no path of this server's file system (paths inside a repository are
-        given from the repository, an uploaded model's from its own directory)."""
-        for root in sorted([*self.paths, files_dir], key=len, reverse=True):
+        given from the repository, an uploaded model's or a copy's from its own directory)."""
+        local = [p for p in self.paths if p not in self.remote]
+        for root in sorted([*local, files_dir], key=len, reverse=True):
             if root:
                 message = message.replace(os.path.abspath(root).rstrip(os.sep) + os.sep, "")
         prefix = f"failed to load '{name}'"
         return message if message.startswith(prefix) else f"{prefix}, {message}"
 
-    def in_repository(self, name: str) -> bool:
-        return valid_model_name(name) and any(os.path.isdir(os.path.join(r, name)) for r in self.paths)
+    # -- object stores: listing and copying -------------------------------------------------
+    async def refresh(self, max_age: float = 0.0) -> None:
+        """List the object-store repositories again (all at once, off the loop), unless a listing
+        ended less than `max_age` seconds ago; callers that come while one is under way share it. A
+        repository that cannot be listed keeps its last listing, so that a store that is down for a
+        moment unloads nothing."""
+        if not self.remote or time.monotonic() - self._listed_at < max_age:
+            return
+        if self._refresh is None:
+            self._refresh = asyncio.ensure_future(self._list_all())
+        refresh = self._refresh
+        try:
+            await asyncio.shield(refresh)
+        finally:
+            if refresh.done() and self._refresh is refresh:
+                self._refresh = None
 
-    def fingerprints(self) -> dict[str, tuple]:
-        """Per model directory: every file's path, size and mtime, to notice changes."""
-        out = {}
-        for name, dirs in self.discover().items():
-            items = []
-            for root, _, files in os.walk(dirs[0]):
-                for f in files:
-                    try:
-                        st = os.stat(os.path.join(root, f))
-                    except OSError:
-                        continue
-                    items.append((os.path.relpath(os.path.join(root, f), dirs[0]), st.st_size, st.st_mtime_ns))
-            out[name] = (dirs[0], tuple(sorted(items)))
+    async def _list_all(self) -> None:
+        uris = list(self.remote)
+        listings = await asyncio.gather(*(asyncio.to_thread(self.remote[u].models) for u in uris),
+                                        return_exceptions=True)
+        for uri, listing in zip(uris, listings):
+            if isinstance(listing, BaseException):
+                log.error("cannot list model repository '%s': %s", uri, listing)
+            else:
+                self._listed[uri] = listing
+        self._listed_at = time.monotonic()
+
+    async def localize(self, name: str) -> tuple[str, str]:
+        """The local directory of model `name` for a load: (a private folder to remove once the
+        versions loaded from it have retired, or "" for a local repository; the model directory). A
+        model of an object store is listed and copied afresh; a failure fails the load with the
+        store's reason."""
+        where = self.source(name)
+        repo = next((r for uri, r in self.remote.items() if where == f"{uri}/{name}"), None)
+        if repo is None:
+            return "", where
+        try:
+            files = await asyncio.to_thread(repo.model, name)
+        except (StoreError, LocationError, CredentialError) as e:
+            raise poll_failed(name, str(e)) from None
+        if files is None:
+            raise poll_failed(name, f"no model directory '{name}' in the model repository '{repo.uri}'")
+        self._listed.setdefault(repo.uri, {})[name] = files
+        root = tempfile.mkdtemp(prefix="folder", dir=self._mount(repo.location.scheme))
+        self.copies.add(root)
+        try:
+            await self._copy(repo, name, files, os.path.join(root, name))
+        except StoreError as e:
+            self.remove_copy(root)
+            raise poll_failed(name, str(e)) from None
+        except BaseException:
+            self.remove_copy(root)
+            raise
+        log.info("copied '%s' from %s (%d files, %d bytes)", name, repo.uri, len(files), sum(f.size for f in files))
+        return root, os.path.join(root, name)
+
+    async def _copy(self, repo: RemoteRepository, name: str, files: tuple[StoredFile, ...], dest: str) -> None:
+        """Download the files on the shared pool (FETCHES_AT_ONCE at once across every load); once one
+        fails, those not started yet are not, and the first failure is raised when the rest have ended."""
+        if self._fetches is None:
+            self._fetches = ThreadPoolExecutor(FETCHES_AT_ONCE, thread_name_prefix="tritonmp-fetch")
+        loop = asyncio.get_running_loop()
+        failed: list[BaseException] = []
+
+        def one(f: StoredFile) -> None:
+            if not failed:
+                try:
+                    repo.download(repo.location.key(name, f.path), os.path.join(dest, *f.path.split("/")))
+                except BaseException as e:
+                    failed.append(e)
+
+        os.makedirs(dest, exist_ok=True)
+        await asyncio.gather(*(loop.run_in_executor(self._fetches, one, f) for f in files))
+        if failed:
+            raise failed[0]
+
+    def _mount(self, scheme: str) -> str:
+        mount = os.environ.get(MOUNT_DIRECTORIES[scheme], "")
+        if mount:
+            os.makedirs(mount, exist_ok=True)
+            return mount
+        if not self._temporary:
+            self._temporary = tempfile.mkdtemp(prefix="tritonmp-cloud-")
+        return self._temporary
+
+    def remove_copy(self, root: str) -> None:
+        shutil.rmtree(root, ignore_errors=True)
+        self.copies.discard(root)
+
+    def close(self) -> None:
+        """Remove every copy left and this server's temporary folder; stop the downloads' threads."""
+        for root in list(self.copies):
+            self.remove_copy(root)
+        if self._temporary:
+            shutil.rmtree(self._temporary, ignore_errors=True)
+            self._temporary = ""
+        if self._fetches is not None:
+            self._fetches.shutdown(wait=False, cancel_futures=True)
+            self._fetches = None
+
+    # -- polling ------------------------------------------------------------------------------
+    async def fingerprints(self) -> dict[str, tuple]:
+        """Per model: where it is and what it holds (a local file's path, size and mtime; an object's
+        path, size and ETag), to notice changes. Object stores are listed again first."""
+        await self.refresh()
+        found = self.discover()
+        local = await asyncio.to_thread(_local_fingerprints, {n: w[0] for n, w in found.items()
+                                                              if not is_remote(w[0])})
+        out: dict[str, tuple] = {}
+        for name, where in found.items():
+            if name in local:
+                out[name] = (where[0], local[name])
+            else:
+                listing = self._listed.get(where[0][:-len(name) - 1], {})
+                out[name] = (where[0], tuple((f.path, f.size, f.tag) for f in listing.get(name, ())))
         return out
+
+
+def _local_fingerprints(dirs: dict[str, str]) -> dict[str, tuple]:
+    """Per model directory: every file's path, size and mtime."""
+    out = {}
+    for name, top in dirs.items():
+        items = []
+        for root, _, files in os.walk(top):
+            for f in files:
+                try:
+                    st = os.stat(os.path.join(root, f))
+                except OSError:
+                    continue
+                items.append((os.path.relpath(os.path.join(root, f), top), st.st_size, st.st_mtime_ns))
+        out[name] = tuple(sorted(items))
+    return out
 
 
 def poll_failed(name: str, reason: str) -> ServerError:

@@ -1,9 +1,16 @@
-"""`tritonmp check`: every problem of every model in some repositories, without serving them."""
+"""`tritonmp check`: every problem of every model in some repositories (local, or object stores copied to
+a temporary folder first), without serving them."""
 
 from __future__ import annotations
 
 import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
+from ..storage.credentials import CredentialError
+from ..storage.locations import LocationError, is_remote
+from ..storage.remote import RemoteRepository
+from ..storage.stores import StoreError
 from . import config as cfg
 
 
@@ -13,25 +20,52 @@ def check_repositories(repositories: list[str], auto_complete: bool = True) -> t
     seen: dict[str, str] = {}
     completed: dict[str, cfg.Completed] = {}
     models = 0
-    for repo in repositories:
-        if not os.path.isdir(repo):
-            problems.append(f"{repo}: not a directory")
-            continue
-        for name in sorted(os.listdir(repo)):
-            path = os.path.join(repo, name)
-            if not os.path.isdir(path) or name.startswith("."):
+    copied: dict[str, str] = {}  # a copy's folder -> the object store's URI
+    with tempfile.TemporaryDirectory(prefix="tritonmp-check-") as copies:
+        for i, repo in enumerate(repositories):
+            local, where = repo, repo
+            if is_remote(repo):
+                local = os.path.join(copies, str(i))
+                copied[local] = repo
+                try:
+                    copy_repository(repo, local)
+                except (StoreError, LocationError, CredentialError) as e:
+                    problems.append(f"{repo}: {e}")
+                    continue
+            elif not os.path.isdir(repo):
+                problems.append(f"{repo}: not a directory")
                 continue
-            models += 1
-            if name in seen:
-                problems.append(f"{path}: model '{name}' also appears in {seen[name]}")
-            seen[name] = repo
-            result = cfg.check_all(path, auto_complete, inspect=True)
-            if isinstance(result, list):
-                problems += [str(p) for p in result]
-            else:
-                completed[name] = result
-    problems += _ensemble_links(completed, set(seen))
+            for name in sorted(os.listdir(local)):
+                path = os.path.join(local, name)
+                if not os.path.isdir(path) or name.startswith("."):
+                    continue
+                models += 1
+                if name in seen:
+                    problems.append(f"{os.path.join(where, name)}: model '{name}' also appears in {seen[name]}")
+                seen[name] = repo
+                result = cfg.check_all(path, auto_complete, inspect=True)
+                if isinstance(result, list):
+                    problems += [str(p).replace(local, where, 1) for p in result]
+                else:
+                    completed[name] = result
+        for problem in _ensemble_links(completed, set(seen)):
+            for local, where in copied.items():
+                problem = problem.replace(local, where, 1)
+            problems.append(problem)
     return problems, models
+
+
+def copy_repository(uri: str, dest: str) -> None:
+    """Every model of an object-store repository, copied into `dest`, several files at once."""
+    repo = RemoteRepository(uri)
+    listing = repo.models()
+    jobs = [(repo.location.key(name, f.path), os.path.join(dest, name, *f.path.split("/")))
+            for name, files in listing.items() for f in files]
+    for name in listing:
+        os.makedirs(os.path.join(dest, name), exist_ok=True)
+    with ThreadPoolExecutor(8, thread_name_prefix="tritonmp-fetch") as pool:
+        for future in [pool.submit(repo.download, key, path) for key, path in jobs]:
+            future.result()
 
 
 def _ensemble_links(completed: dict[str, cfg.Completed], names: set[str]) -> list[str]:

@@ -282,7 +282,7 @@ class Server:
 
     def models(self, exclude_not_ready: bool = False) -> ModelDictionary:
         self._check_started()
-        index = self._call(self._api().repository_index, exclude_not_ready)
+        index = self._await(self._api().repository_index, exclude_not_ready)
         models = [Model(self, row["name"], int(row["version"]) if row.get("version") else -1, row.get("state"),
                         row.get("reason")) for row in index]
         return ModelDictionary(self, models)
@@ -300,7 +300,7 @@ class Server:
         self._await(self._api().unload_model, name, {"unload_dependents": unload_dependents})
         started = time.monotonic()
         while wait_until_unloaded and (timeout is None or time.monotonic() - started < timeout):
-            if all(row.get("state") in (None, "UNAVAILABLE") for row in self._call(
+            if all(row.get("state") in (None, "UNAVAILABLE") for row in self._await(
                     self._api().repository_index, False) if row["name"] == name):
                 return
             time.sleep(polling_interval)
