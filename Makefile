@@ -1,6 +1,6 @@
 # make serve: set up .venv, build the example repository, start the server on it.
-# make test:  the same set-up, the CPU frameworks' extras (OpenVINO, TensorFlow, PyTorch) and Ray Serve, the type
-#             checker (make typecheck), then the whole test suite.
+# make test:  the same set-up, the CPU frameworks' extras (OpenVINO, TensorFlow, PyTorch), Ray Serve and the
+#             object stores' client and servers, the type checker (make typecheck), then the whole test suite.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -19,20 +19,21 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/activate
 
 install: $(VENV)/.installed
 
-# The optional frameworks that run on a CPU, and Ray Serve, installed into the venv once, so that the
-# tests of their backends and of tritonmp.ray_serve run (without them those tests skip). `make serve`
-# does not need them.
-$(VENV)/.frameworks: $(VENV)/.installed
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,openvino,tensorflow,torch,ray]'
+# The optional frameworks that run on a CPU, Ray Serve, and the object-store client with the servers of
+# the three object-store protocols, installed into the venv once, so that the tests of their backends,
+# of tritonmp.ray_serve and of repositories in object storage run (without them those tests skip).
+# `make serve` does not need them.
+$(VENV)/.frameworks: $(VENV)/.installed pyproject.toml constraints.txt
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,openvino,tensorflow,torch,ray,cloud,storage-emulators]'
 	touch $@
 
 frameworks: $(VENV)/.frameworks
 
-# Node's @grpc/grpc-js, a second gRPC client for the tests, where node and npm are present (the test
-# skips with the reason otherwise).
+# Node's @grpc/grpc-js, a second gRPC client for the tests, and Azurite, Azure's Blob Storage emulator,
+# where node and npm are present (their tests skip with the reason otherwise).
 tests/node/node_modules/.package-lock.json: tests/node/package.json tests/node/package-lock.json
 	@if command -v npm >/dev/null; then npm ci --prefix tests/node --no-audit --no-fund --loglevel=error; \
-	else echo "npm is not installed: the @grpc/grpc-js client test will skip"; fi
+	else echo "npm is not installed: the @grpc/grpc-js client and Azure Storage tests will skip"; fi
 
 node-client: tests/node/node_modules/.package-lock.json
 

@@ -174,7 +174,7 @@ def shm_segments(pid: int) -> list[str]:
 class ServerProcess:
     """A running `tritonmp` process: its ports, its log, and helpers to wait on it."""
 
-    def __init__(self, repos: list[Path], args: list[str], log_path: Path):
+    def __init__(self, repos: list, args: list[str], log_path: Path, env: dict[str, str] | None = None):
         self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         self.log_path = log_path
         self.log_file = open(log_path, "wb")
@@ -182,7 +182,7 @@ class ServerProcess:
                "--metrics-port", str(self.metrics_port)]
         for repo in repos:
             cmd += ["--model-repository", str(repo)]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self.proc = subprocess.Popen(cmd + list(args), stdout=self.log_file, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)
         self.url = f"127.0.0.1:{self.http_port}"
@@ -278,8 +278,8 @@ def start_server(tmp_path):
     """Start servers for one test; each is stopped and cleaned up when the test ends."""
     servers: list[ServerProcess] = []
 
-    def start(repos, *args: str, wait: bool = True) -> ServerProcess:
-        server = ServerProcess(list(repos), list(args), tmp_path / f"server{len(servers)}.log")
+    def start(repos, *args: str, wait: bool = True, env: dict[str, str] | None = None) -> ServerProcess:
+        server = ServerProcess(list(repos), list(args), tmp_path / f"server{len(servers)}.log", env)
         servers.append(server)
         if wait:
             server.wait_ready()
@@ -291,9 +291,10 @@ def start_server(tmp_path):
 
 
 @contextlib.contextmanager
-def serving(repos: list[Path], args: list[str], tmp_path_factory) -> Iterator[ServerProcess]:
+def serving(repos: list, args: list[str], tmp_path_factory, env: dict[str, str] | None = None
+            ) -> Iterator[ServerProcess]:
     """A ready server for a module-scoped fixture; stopped, and checked to leave no shared memory."""
-    s = ServerProcess(repos, args, tmp_path_factory.mktemp("log") / "server.log")
+    s = ServerProcess(repos, args, tmp_path_factory.mktemp("log") / "server.log", env)
     try:
         s.wait_ready()
         yield s

@@ -77,7 +77,7 @@ class Store:
     def put(self, key: str, data: bytes) -> None:
         quoted = urllib.parse.quote(key)
         if self.scheme == "s3":
-            self._request("PUT", f"/{BUCKET}/{quoted}", data)
+            self._request("PUT", f"/{BUCKET}/{quoted}", data, {"Content-Type": "application/octet-stream"})
         elif self.scheme == "gs":
             self._request("POST", f"/upload/storage/v1/b/{BUCKET}/o?uploadType=media&name="
                                   f"{urllib.parse.quote(key, safe='')}", data)
@@ -88,10 +88,16 @@ class Store:
         self.put(key, path.read_bytes())
 
     def upload(self, local: Path, prefix: str) -> None:
-        """Every file under `local`, as keys under `prefix`."""
+        """Every file under `local`, as keys under `prefix`; an empty folder as a folder marker (its
+        path and a '/'), as tools that upload folders write it."""
         for path in sorted(local.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                self.put(f"{prefix}/{path.relative_to(local).as_posix()}", path.read_bytes())
+            if "__pycache__" in path.parts:
+                continue
+            key = f"{prefix}/{path.relative_to(local).as_posix()}"
+            if path.is_file():
+                self.put(key, path.read_bytes())
+            elif not any(path.iterdir()):
+                self.put(key + "/", b"")
 
     def keys(self, prefix: str) -> list[str]:
         if self.scheme == "s3":
@@ -191,3 +197,61 @@ def _answers(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+class CuttingProxy:
+    """An HTTP proxy in front of a store that passes every request on, except GETs of keys that
+    contain `cut` (whole or a range of them): those are answered with the store's status and length,
+    half the body, and a closed connection (a store that keeps failing in the middle of a download).
+    `cuts` counts them."""
+
+    def __init__(self, upstream_port: int, cut: str):
+        import http.server
+        import threading
+
+        proxy = self
+        self.cuts = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _pass(self) -> None:
+                import http.client
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                upstream.request(self.command, self.path, body, headers)
+                answer = upstream.getresponse()
+                data = answer.read()
+                cut_here = self.command == "GET" and cut in urllib.parse.unquote(self.path) and answer.status < 300
+                self.send_response(answer.status)
+                for k, v in answer.getheaders():
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if cut_here:
+                    proxy.cuts += 1
+                    self.wfile.write(data[:len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                else:
+                    self.wfile.write(data)
+                upstream.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

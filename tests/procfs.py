@@ -31,11 +31,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident memory (VmRSS); FileNotFoundError once the process is gone."""
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """Resident memory (VmRSS; VmHWM, its peak so far); FileNotFoundError once the process is gone."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     raise ProcessLookupError(f"process {pid} has no resident memory (a zombie)")
 

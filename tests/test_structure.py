@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tritonmp"
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", ["errors", "logs", "testing", "settings", "datatypes", "inference", "gpus", "backends"]),
     ("observability", ["observability"]),
+    ("model storage", ["storage"]),
     ("model configuration", ["repository"]),
     ("the wire", ["ipc"]),
     ("worker processes and instances", ["workers", "instances"]),

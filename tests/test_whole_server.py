@@ -5,18 +5,16 @@ fails to load and one that crash-loops sit beside the others and take nothing do
 
 from __future__ import annotations
 
-import queue
-
 import numpy as np
 import orjson
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
-from whole_repo import Probe, build
+from tritonclient.utils import InferenceServerException
+from whole_repo import build, infer_probe, probe_inputs, served, walk_observability
 
-from conftest import http_request, scrape_metrics, serving
+from conftest import scrape_metrics, serving
 
 ARGS = ["--model-control-mode=explicit", "--load-model=*", "--exit-on-error=false", "--strict-readiness=false",
         "--allow-client-shm=true"]
@@ -36,62 +34,19 @@ def server(whole, tmp_path_factory):
         yield s
 
 
-def _served(probes) -> list[str]:
-    """The models that load and stay up (the crash-looping one is asked to crash by its own test)."""
-    return [name for name, probe in probes.items() if probe is not None and name != "crashloop"]
-
-
-def _inputs(module, probe: Probe) -> list:
-    inputs = []
-    for name, value in probe.inputs.items():
-        tensor = module.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
-        tensor.set_data_from_numpy(value)
-        inputs.append(tensor)
-    return inputs
-
-
-def _infer(module, url: str, name: str, probe: Probe, seq: int) -> dict[str, np.ndarray]:
-    """The probe's request over HTTP or gRPC: its outputs by name (a decoupled model's over a stream)."""
-    if probe.stream:
-        client = grpcclient.InferenceServerClient(url)
-        answers: queue.Queue = queue.Queue()
-        client.start_stream(callback=lambda result, error: answers.put((result, error)))
-        try:
-            client.async_stream_infer(name, _inputs(grpcclient, probe), enable_empty_final_response=True)
-            parts: dict[str, list] = {}
-            while True:
-                result, error = answers.get(timeout=60)
-                assert error is None, error
-                response = result.get_response()
-                for output in response.outputs:
-                    parts.setdefault(output.name, []).append(result.as_numpy(output.name))
-                if response.parameters["triton_final_response"].bool_param:
-                    break
-        finally:
-            client.stop_stream()
-        return {k: np.concatenate(v) for k, v in parts.items()}
-    client = module.InferenceServerClient(url)
-    kwargs = {"sequence_id": seq, "sequence_start": True, "sequence_end": True} if probe.sequence else {}
-    outputs = [module.InferRequestedOutput(o) for o in probe.outputs] or None
-    result = client.infer(name, _inputs(module, probe), outputs=outputs, **kwargs)
-    response = result.get_response()
-    names = [o["name"] for o in response["outputs"]] if module is httpclient else [o.name for o in response.outputs]
-    return {n: result.as_numpy(n) for n in names}
-
-
 def test_every_kind_answers_over_http_and_grpc(server, whole):
     _, probes = whole
-    for seq, name in enumerate(_served(probes), start=1):
+    for seq, name in enumerate(served(probes), start=1):
         probe = probes[name]
         for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
             if probe.stream and module is httpclient:
                 continue  # a decoupled model answers over the gRPC stream
             try:
-                probe.check(_infer(module, url, name, probe, seq))
+                probe.check(infer_probe(module, url, name, probe, seq))
             except Exception as e:
                 raise AssertionError(f"{name} over {module.__name__}: {e}") from e
     for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):  # classification, by labels
-        result = module.InferenceServerClient(url).infer("scores", _inputs(module, probes["scores"]),
+        result = module.InferenceServerClient(url).infer("scores", probe_inputs(module, probes["scores"]),
                                                          outputs=[module.InferRequestedOutput("Y", class_count=2)])
         assert result.as_numpy("Y").tolist() == [[b"3.000000:1:cat", b"2.000000:2:dog"]]
 
@@ -116,7 +71,7 @@ def test_metadata_config_and_readiness_of_every_model(server, whole):
     _, probes = whole
     http = httpclient.InferenceServerClient(server.url)
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    for name in _served(probes):
+    for name in served(probes):
         assert http.is_model_ready(name) and grpc.is_model_ready(name), name
         meta, config = http.get_model_metadata(name), http.get_model_config(name)
         assert meta["name"] == name and {i["name"] for i in meta["inputs"]} >= set(probes[name].inputs), name
@@ -134,7 +89,7 @@ def test_repository_index_lists_every_model_with_its_state(server, whole):
     http = httpclient.InferenceServerClient(server.url)
     index = {row["name"]: row for row in http.get_model_repository_index()}
     assert set(index) == set(probes)
-    for name in _served(probes):
+    for name in served(probes):
         assert index[name]["state"] == "READY", index[name]
     assert index["broken"]["state"] == "UNAVAILABLE" and "this model never loads" in index["broken"]["reason"]
     grpc_index = {m.name: m.state for m in grpcclient.InferenceServerClient(server.grpc_url)
@@ -142,33 +97,13 @@ def test_repository_index_lists_every_model_with_its_state(server, whole):
     assert grpc_index["broken"] == "UNAVAILABLE" and grpc_index["pipeline"] == "READY"
 
 
-def _walk_observability(server, names: list[str]) -> None:
-    """/metrics, the status page, /status.json and the statistics all answer, naming every model."""
-    samples = scrape_metrics(server)
-    for name in names:
-        assert any(f'model="{name}"' in key for key in samples if key.startswith("nv_inference_request_success")), name
-    status, headers, page = http_request(server.metrics_port, "GET", "/")
-    assert status == 200 and headers["content-type"].startswith("text/html") and b"<html" in page.lower()
-    status, _, body = http_request(server.metrics_port, "GET", "/status.json")
-    assert status == 200, body
-    listed = {m["name"] for m in orjson.loads(body)["models"]}
-    assert set(names) <= listed, set(names) - listed
-    http = httpclient.InferenceServerClient(server.url)
-    stats = {s["name"] for s in http.get_inference_statistics()["model_stats"]}
-    assert set(names) <= stats
-    for name in names:
-        assert http.get_inference_statistics(name)["model_stats"][0]["name"] == name
-    grpc_stats = grpcclient.InferenceServerClient(server.grpc_url).get_inference_statistics()
-    assert set(names) <= {s.name for s in grpc_stats.model_stats}
-
-
 def test_metrics_status_page_and_statistics_with_every_kind_loaded(server, whole):
     _, probes = whole
-    names = _served(probes)
+    names = served(probes)
     for seq, name in enumerate(names, start=100):  # traffic for every model first, so each has counters
         probe = probes[name]
-        probe.check(_infer(grpcclient, server.grpc_url, name, probe, seq))
-    _walk_observability(server, names)
+        probe.check(infer_probe(grpcclient, server.grpc_url, name, probe, seq))
+    walk_observability(server, names)
     stats = {s["name"]: s for s in httpclient.InferenceServerClient(server.url)
              .get_inference_statistics()["model_stats"]}
     for name in names:
@@ -179,7 +114,7 @@ def test_trace_and_log_settings_for_every_model(server, whole):
     _, probes = whole
     http = httpclient.InferenceServerClient(server.url)
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    for name in _served(probes):
+    for name in served(probes):
         assert http.update_trace_settings(name, {"trace_rate": "7"})["trace_rate"] == "7", name
         assert http.get_trace_settings(name)["trace_rate"] == "7"
         assert grpc.get_trace_settings(name).settings["trace_rate"].value == ["7"]
@@ -219,7 +154,7 @@ def test_shared_memory_inputs_and_outputs_beside_every_kind(server, whole):
                 np.testing.assert_array_equal(result.as_numpy("DOUBLED"), (row + 1) * 2)
             finally:
                 client.unregister_system_shared_memory("whole")
-        _walk_observability(server, _served(probes))
+        walk_observability(server, served(probes))
     finally:
         shm.destroy_shared_memory_region(handle)
 
@@ -228,26 +163,26 @@ def test_unload_and_load_every_kind_with_the_endpoints_answering(server, whole):
     _, probes = whole
     http = httpclient.InferenceServerClient(server.url)
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    names = [n for n in _served(probes) if n not in ("add", "add_py")]  # the pipeline's steps stay
+    names = [n for n in served(probes) if n not in ("add", "add_py")]  # the pipeline's steps stay
     for i, name in enumerate(names):
         client = http if i % 2 else grpc
         client.unload_model(name)
         assert not http.is_model_ready(name), name
-        _walk_observability(server, [n for n in _served(probes) if n != name])
+        walk_observability(server, [n for n in served(probes) if n != name])
         client.load_model(name)
         assert http.is_model_ready(name), name
         probe = probes[name]
-        probe.check(_infer(grpcclient, server.grpc_url, name, probe, 200 + i))
+        probe.check(infer_probe(grpcclient, server.grpc_url, name, probe, 200 + i))
     with pytest.raises(InferenceServerException, match="this model never loads"):
         http.load_model("broken")
-    _walk_observability(server, _served(probes))
+    walk_observability(server, served(probes))
 
 
 def test_a_crash_loop_takes_only_its_model_down(server, whole):
     _, probes = whole
     http = httpclient.InferenceServerClient(server.url)
     probe = probes["crashloop"]
-    probe.check(_infer(httpclient, server.url, "crashloop", probe, 300))
+    probe.check(infer_probe(httpclient, server.url, "crashloop", probe, 300))
     x = httpclient.InferInput("X", [1], "FP32")
     x.set_data_from_numpy(np.array([-1.0], np.float32))
     with pytest.raises(InferenceServerException):
@@ -265,16 +200,16 @@ def test_a_crash_loop_takes_only_its_model_down(server, whole):
         {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]}))
     assert (status, orjson.loads(raw)) == (404, {"error": "Request for unknown model: 'crashloop' has no available "
                                                           "versions"})  # Triton's answer for no version it can serve
-    _walk_observability(server, _served(probes))
-    for seq, name in enumerate(_served(probes), start=400):
-        probes[name].check(_infer(grpcclient, server.grpc_url, name, probes[name], seq))
+    walk_observability(server, served(probes))
+    for seq, name in enumerate(served(probes), start=400):
+        probes[name].check(infer_probe(grpcclient, server.grpc_url, name, probes[name], seq))
 
 
 def test_the_in_process_api_serves_every_kind(whole):
     from tritonmp import tritonserver
 
     root, probes = whole
-    names = _served(probes)
+    names = served(probes)
     with tritonserver.Server(model_repository=str(root), model_control_mode=tritonserver.ModelControlMode.EXPLICIT,
                              startup_models=names) as server:
         assert set(names) <= {name for name, _ in server.models()}

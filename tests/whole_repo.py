@@ -9,14 +9,19 @@ that fails to load and one that crash-loops once asked to."""
 
 from __future__ import annotations
 
+import queue
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import orjson
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import np_to_triton_dtype
 
-from conftest import TEST_MODELS, write_model
+from conftest import TEST_MODELS, http_request, scrape_metrics, write_model
 
 ONES = np.ones((1, 3), np.float32)
 
@@ -174,3 +179,66 @@ def build(root: Path, example_repo: Path) -> dict[str, Probe | None]:
         "crashloop": Probe({"X": np.array([2.0], np.float32)}, _equal("Y", [2.0])),
         "broken": None,
     }
+
+
+def served(probes) -> list[str]:
+    """The models that load and stay up (the crash-looping one is asked to crash by its own test)."""
+    return [name for name, probe in probes.items() if probe is not None and name != "crashloop"]
+
+
+def probe_inputs(module, probe: Probe) -> list:
+    inputs = []
+    for name, value in probe.inputs.items():
+        tensor = module.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    return inputs
+
+
+def infer_probe(module, url: str, name: str, probe: Probe, seq: int) -> dict[str, np.ndarray]:
+    """The probe's request over HTTP or gRPC: its outputs by name (a decoupled model's over a stream)."""
+    if probe.stream:
+        client = grpcclient.InferenceServerClient(url)
+        answers: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        try:
+            client.async_stream_infer(name, probe_inputs(grpcclient, probe), enable_empty_final_response=True)
+            parts: dict[str, list] = {}
+            while True:
+                result, error = answers.get(timeout=60)
+                assert error is None, error
+                response = result.get_response()
+                for output in response.outputs:
+                    parts.setdefault(output.name, []).append(result.as_numpy(output.name))
+                if response.parameters["triton_final_response"].bool_param:
+                    break
+        finally:
+            client.stop_stream()
+        return {k: np.concatenate(v) for k, v in parts.items()}
+    client = module.InferenceServerClient(url)
+    kwargs = {"sequence_id": seq, "sequence_start": True, "sequence_end": True} if probe.sequence else {}
+    outputs = [module.InferRequestedOutput(o) for o in probe.outputs] or None
+    result = client.infer(name, probe_inputs(module, probe), outputs=outputs, **kwargs)
+    response = result.get_response()
+    names = [o["name"] for o in response["outputs"]] if module is httpclient else [o.name for o in response.outputs]
+    return {n: result.as_numpy(n) for n in names}
+
+
+def walk_observability(server, names: list[str]) -> None:
+    """/metrics, the status page, /status.json and the statistics all answer, naming every model."""
+    samples = scrape_metrics(server)
+    for name in names:
+        assert any(f'model="{name}"' in key for key in samples if key.startswith("nv_inference_request_success")), name
+    status, headers, page = http_request(server.metrics_port, "GET", "/")
+    assert status == 200 and headers["content-type"].startswith("text/html") and b"<html" in page.lower()
+    status, _, body = http_request(server.metrics_port, "GET", "/status.json")
+    assert status == 200, body
+    listed = {m["name"] for m in orjson.loads(body)["models"]}
+    assert set(names) <= listed, set(names) - listed
+    http = httpclient.InferenceServerClient(server.url)
+    stats = {s["name"] for s in http.get_inference_statistics()["model_stats"]}
+    assert set(names) <= stats
+    for name in names:
+        assert http.get_inference_statistics(name)["model_stats"][0]["name"] == name
+    grpc_stats = grpcclient.InferenceServerClient(server.grpc_url).get_inference_statistics()
+    assert set(names) <= {s.name for s in grpc_stats.model_stats}

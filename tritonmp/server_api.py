@@ -167,8 +167,8 @@ class ServerApi:
 
     # -- the repository API ------------------------------------------------------------------
     async def repository_index(self, ready_only: bool = False) -> list[dict]:
-        """The index, with object stores listed again where their listing is over a second old."""
-        await self.models.repositories.refresh(max_age=1.0)
+        """The index, with object stores listed again (callers that come during a listing share it)."""
+        await self.models.repositories.refresh()
         return self.models.index(ready_only)
 
     def _check_explicit(self) -> None:

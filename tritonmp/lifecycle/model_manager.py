@@ -316,17 +316,8 @@ class ModelManager:
         try:
             return self.get(name, version)
         except NotResident:
-            pass
-        except ServerError as e:
-            # a model put in an object store since its last listing: listed again, at most once a second
-            if e.status != Status.NOT_FOUND or self.residency is None or not self.repositories.remote \
-                    or name in self.models:
-                raise
-            await self.repositories.refresh(max_age=1.0)
-            if not self.repositories.in_repository(name):
-                raise
-        await self._resident(name)
-        return self.get(name, version)
+            await self._resident(name)
+            return self.get(name, version)
 
     # -- loading on demand (--load-on-demand) ----------------------------------------------
     async def _resident(self, name: str) -> None:
@@ -354,6 +345,10 @@ class ModelManager:
     async def _load_on_demand(self, name: str) -> None:
         residency = self.residency
         assert residency is not None, "only where models load on demand"
+        if name not in self.models and not self.repositories.in_repository(name):
+            await self.repositories.refresh()  # it may have been put in an object store since its last listing
+            if not self.repositories.in_repository(name):
+                raise not_found(f"Request for unknown model: '{name}' is not found")
         for victim in residency.victims(name, self._in_use):
             log.info("unloading '%s' to make room for '%s' (least recently used)", victim, name)
             residency.evictions += 1
@@ -401,7 +396,8 @@ class ModelManager:
         if residency is not None:
             entry_or_none = self.models.get(name)
             if entry_or_none is None or not entry_or_none.versions:
-                if entry_or_none is not None or self.repositories.in_repository(name):
+                # an unknown name may be a model put in an object store since its last listing
+                if entry_or_none is not None or self.repositories.in_repository(name) or self.repositories.remote:
                     raise NotResident(f"model '{name}' is not loaded: it loads on its first request "
                                       "(--load-on-demand)")
             else:

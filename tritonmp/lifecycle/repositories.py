@@ -9,7 +9,6 @@ import asyncio
 import os
 import shutil
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import ServerError, internal
@@ -43,7 +42,6 @@ class Repositories:
         self.paths = paths
         self.remote = {p: RemoteRepository(p) for p in paths if is_remote(p)}
         self._listed: dict[str, Listing] = {}  # an object-store repository's last listing, by URI
-        self._listed_at = -1e9
         self._refresh: asyncio.Future[None] | None = None  # the listing under way, shared by its callers
         self._fetches: ThreadPoolExecutor | None = None
         self._temporary = ""  # this server's folder for copies, where no mount directory is set
@@ -97,12 +95,12 @@ class Repositories:
         return message if message.startswith(prefix) else f"{prefix}, {message}"
 
     # -- object stores: listing and copying -------------------------------------------------
-    async def refresh(self, max_age: float = 0.0) -> None:
-        """List the object-store repositories again (all at once, off the loop), unless a listing
-        ended less than `max_age` seconds ago; callers that come while one is under way share it. A
-        repository that cannot be listed keeps its last listing, so that a store that is down for a
-        moment unloads nothing."""
-        if not self.remote or time.monotonic() - self._listed_at < max_age:
+    async def refresh(self) -> None:
+        """List the object-store repositories again (all at once, off the loop); callers that come
+        while a listing is under way share it, so that at most one runs at a time whatever the number
+        of callers. A repository that cannot be listed keeps its last listing, so that a store that is
+        down for a moment unloads nothing."""
+        if not self.remote:
             return
         if self._refresh is None:
             self._refresh = asyncio.ensure_future(self._list_all())
@@ -122,7 +120,6 @@ class Repositories:
                 log.error("cannot list model repository '%s': %s", uri, listing)
             else:
                 self._listed[uri] = listing
-        self._listed_at = time.monotonic()
 
     async def localize(self, name: str) -> tuple[str, str]:
         """The local directory of model `name` for a load: (a private folder to remove once the
@@ -144,9 +141,10 @@ class Repositories:
         self.copies.add(root)
         try:
             await self._copy(repo, name, files, os.path.join(root, name))
-        except StoreError as e:
+        except Exception as e:  # the store's reason (StoreError), or what else stopped the copy
             self.remove_copy(root)
-            raise poll_failed(name, str(e)) from None
+            raise poll_failed(name, str(e) if isinstance(e, StoreError) else f"cannot copy the model: {e!r}") \
+                from None
         except BaseException:
             self.remove_copy(root)
             raise
@@ -164,7 +162,7 @@ class Repositories:
         def one(f: StoredFile) -> None:
             if not failed:
                 try:
-                    repo.download(repo.location.key(name, f.path), os.path.join(dest, *f.path.split("/")))
+                    f.copy_to(repo, name, dest)
                 except BaseException as e:
                     failed.append(e)
 

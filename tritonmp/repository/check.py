@@ -59,12 +59,11 @@ def copy_repository(uri: str, dest: str) -> None:
     """Every model of an object-store repository, copied into `dest`, several files at once."""
     repo = RemoteRepository(uri)
     listing = repo.models()
-    jobs = [(repo.location.key(name, f.path), os.path.join(dest, name, *f.path.split("/")))
-            for name, files in listing.items() for f in files]
     for name in listing:
         os.makedirs(os.path.join(dest, name), exist_ok=True)
     with ThreadPoolExecutor(8, thread_name_prefix="tritonmp-fetch") as pool:
-        for future in [pool.submit(repo.download, key, path) for key, path in jobs]:
+        for future in [pool.submit(f.copy_to, repo, name, os.path.join(dest, name))
+                       for name, files in listing.items() for f in files]:
             future.result()
 
 

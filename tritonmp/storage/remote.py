@@ -1,25 +1,20 @@
 """One object-store repository: its models and their objects (one listing of the repository's keys),
 one object downloaded to a file, and whether a repository can be served from. Every call here blocks
 on the network: callers run them off the event loop. A file streams to disk in pieces, so a model
-file never sits in memory whole; a download that fails part way is started again, with backoff, a few
-times."""
+file never sits in memory whole."""
 
 from __future__ import annotations
 
 import os
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .credentials import CredentialError, for_location
 from .locations import Location, LocationError, is_remote, parse
-from .stores import StoreError, obstore_module, open_store, reworded
+from .stores import StoreError, obstore_module, open_store, reworded, store_errors
 
 PIECE = 8 << 20  # bytes written to disk at a time
-ATTEMPTS = 4  # per file, for failures in the middle of a body (the client retries whole requests itself)
-BACKOFF = 0.2  # seconds before the second attempt, doubling
 
 
 @dataclass(frozen=True)
@@ -29,6 +24,17 @@ class StoredFile:
     path: str
     size: int
     tag: str  # the ETag, else the modification time
+
+    def copy_to(self, repo: RemoteRepository, model: str, model_dir: str) -> None:
+        """This object of `model`, into the local model directory. An empty one may be a folder marker
+        (the key of a folder and a '/', which tools write for an empty folder, such as an ensemble's
+        version folder; listings give it without its '/'): where no object has the key as listed, the
+        copy has the folder."""
+        key, local = repo.location.key(model, self.path), os.path.join(model_dir, *self.path.split("/"))
+        if self.size == 0 and not repo.exists(key):
+            os.makedirs(local, exist_ok=True)
+        else:
+            repo.download(key, local)
 
 
 Listing = dict[str, tuple[StoredFile, ...]]  # model name -> its files, sorted
@@ -62,7 +68,7 @@ class RemoteRepository:
             if not sep:
                 continue
             files = found.setdefault(name, [])
-            if inside and not inside.endswith("/"):  # "dir/" keys are folder markers some tools write
+            if inside:
                 files.append(_stored(inside, meta))
         return {name: tuple(sorted(files, key=lambda f: f.path)) for name, files in found.items()}
 
@@ -72,42 +78,56 @@ class RemoteRepository:
         metas = self._list(prefix)
         if not metas:
             return None
-        files = [_stored(m["path"][len(prefix) + 1:], m) for m in metas if not m["path"].endswith("/")]
+        files = [_stored(m["path"][len(prefix) + 1:], m) for m in metas if m["path"] != prefix]
         return tuple(sorted(files, key=lambda f: f.path))
 
     def _list(self, prefix: str) -> list[dict]:
-        obstore = obstore_module()
         try:
-            return [meta for chunk in obstore.list(self.store(), prefix=prefix or None, chunk_size=1000)
+            return [meta for chunk in obstore_module().list(self.store(), prefix=prefix or None, chunk_size=1000)
                     for meta in chunk]
-        except obstore.exceptions.BaseError as e:
+        except store_errors() as e:
             raise reworded(e, self.location, f"cannot list '{prefix or '/'}'") from None
 
-    def download(self, key: str, path: str, sleep: Callable[[float], None] = time.sleep) -> None:
-        """One object to one file, in pieces; a transient failure starts it again after a pause."""
-        obstore = obstore_module()
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        for attempt in range(ATTEMPTS):
-            try:
-                result = obstore.get(self.store(), key)
-                with open(path, "wb") as out:
-                    for piece in result.stream(min_chunk_size=PIECE):
-                        out.write(piece)
-                return
-            except obstore.exceptions.BaseError as e:
-                error = reworded(e, self.location, f"cannot get '{key}'")
-            except OSError as e:
-                raise StoreError(f"cannot write '{key}' to the local copy: {e.strerror}") from None
-            if not error.transient or attempt == ATTEMPTS - 1:
-                raise error
-            sleep(BACKOFF * 2 ** attempt)
+    def download(self, key: str, path: str) -> None:
+        """One object to one file, in pieces (the client takes up a body that breaks off where it
+        stopped, and retries, as RETRIES in stores.py says)."""
+        errors = store_errors()
+        try:
+            pieces = iter(obstore_module().get(self.store(), key).stream(min_chunk_size=PIECE))
+        except errors as e:
+            raise reworded(e, self.location, f"cannot get '{key}'") from None
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            out = open(path, "wb")
+        except OSError as e:
+            raise StoreError(f"cannot write '{key}' to the local copy: {e.strerror}") from None
+        with out:
+            while True:
+                try:
+                    piece = next(pieces)
+                except StopIteration:
+                    return
+                except errors as e:
+                    raise reworded(e, self.location, f"cannot get '{key}'") from None
+                try:
+                    out.write(piece)
+                except OSError as e:
+                    raise StoreError(f"cannot write '{key}' to the local copy: {e.strerror}") from None
+
+    def exists(self, key: str) -> bool:
+        try:
+            obstore_module().head(self.store(), key)
+            return True
+        except FileNotFoundError:
+            return False
+        except store_errors() as e:
+            raise reworded(e, self.location, f"cannot look up '{key}'") from None
 
     def check(self) -> None:
         """Raise the store's reason when the repository cannot be listed (no bucket, wrong keys)."""
-        obstore = obstore_module()
         try:
-            next(iter(obstore.list(self.store(), prefix=self.location.prefix or None, chunk_size=1)), None)
-        except obstore.exceptions.BaseError as e:
+            next(iter(obstore_module().list(self.store(), prefix=self.location.prefix or None, chunk_size=1)), None)
+        except store_errors() as e:
             raise reworded(e, self.location, "cannot list the repository") from None
 
 

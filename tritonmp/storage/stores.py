@@ -14,7 +14,8 @@ from .credentials import AzureCredentials, Credentials, GCSCredentials, S3Creden
 from .locations import Location
 
 INSTALL = "pip install 'tritonmp[cloud]'"
-# each request: retried on 5xx, dropped connections and timeouts, with exponential backoff
+# each request, and each body that breaks off (taken up where it stopped): retried on 5xx answers,
+# refused or dropped connections and timeouts, with exponential backoff
 RETRIES: dict[str, Any] = {"max_retries": 4, "retry_timeout": timedelta(seconds=60),
                            "backoff": {"init_backoff": timedelta(milliseconds=100),
                                        "max_backoff": timedelta(seconds=5), "base": 2}}
@@ -27,10 +28,6 @@ _CODE = re.compile(r"<Code>([^<]+)</Code>")  # S3's and Azure's XML error bodies
 class StoreError(Exception):
     """A store that cannot be reached or refuses: the store, what was asked and its answer."""
 
-    def __init__(self, message: str, transient: bool = False):
-        super().__init__(message)
-        self.transient = transient
-
 
 def obstore_module() -> Any:
     """obstore, or a StoreError naming the extra that installs it."""
@@ -41,11 +38,15 @@ def obstore_module() -> Any:
     return obstore
 
 
+def store_errors() -> tuple[type[Exception], ...]:
+    """What obstore raises for a store's refusal or failure: its own errors, and Python's
+    FileNotFoundError and PermissionError for a missing object or a refused one."""
+    return (obstore_module().exceptions.BaseError, FileNotFoundError, PermissionError)
+
+
 def reworded(e: Exception, location: Location, what: str) -> StoreError:
     """An obstore error as one line: the store, the bucket, what was asked, and the store's answer (its
-    HTTP status and error code where it gave them). Transient: what a later try may not meet (no
-    answer, or a 5xx one)."""
-    exceptions = obstore_module().exceptions
+    HTTP status and error code where it gave them)."""
     text = str(e).split("\n\nDebug source:")[0].strip()
     status = _STATUS.search(text)
     if status is not None:
@@ -53,10 +54,7 @@ def reworded(e: Exception, location: Location, what: str) -> StoreError:
         answer = f"HTTP {status.group(1)} {status.group(2).strip()}" + (f" ({code.group(1)})" if code else "")
     else:
         answer = text.splitlines()[0] if text else type(e).__name__
-    transient = not isinstance(e, (exceptions.NotFoundError, exceptions.PermissionDeniedError,
-                                   exceptions.UnauthenticatedError)) \
-        and (status is None or status.group(1).startswith("5"))
-    return StoreError(f"{_NAMES[location.scheme]} bucket '{location.bucket}': {what}: {answer}", transient)
+    return StoreError(f"{_NAMES[location.scheme]} bucket '{location.bucket}': {what}: {answer}")
 
 
 def open_store(location: Location, credentials: Credentials, environ: Mapping[str, str] = os.environ) -> Any:
