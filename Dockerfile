@@ -13,8 +13,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 # shadow the installed package for the workers (python -m puts the working directory first)
 COPY pyproject.toml constraints.txt README.md /tmp/src/
 COPY tritonmp /tmp/src/tritonmp
-# EXTRAS: optional frameworks, e.g. --build-arg EXTRAS=openvino,torch
-ARG EXTRAS=""
+# EXTRAS: optional frameworks, e.g. --build-arg EXTRAS=cloud,openvino,torch (cloud: model repositories in
+# S3, GCS and Azure Storage, as Triton's image reads them)
+ARG EXTRAS="cloud"
 RUN pip install -c /tmp/src/constraints.txt "/tmp/src${EXTRAS:+[$EXTRAS]}" && rm -rf /tmp/src \
     && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin tritonmp \
     && mkdir /models && chown tritonmp /models
