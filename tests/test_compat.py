@@ -985,3 +985,36 @@ def test_reshaped_tensors_match(tmp_path):
             answers.append((result.as_numpy("SEEN").tolist(), result.as_numpy("Y").tolist(),
                             client.get_model_metadata("shapes_py")))
         assert answers[0] == answers[1]
+
+
+def test_flag_kinds_and_value_forms_match_tritons_parser():
+    """Each boolean, integer and float flag of `tritonserver --help` is read by that kind's parser here
+    (tritonmp.triton_flags.KINDS), and each value form of tests/test_triton_flags.py's FORMS, given to
+    one flag of each kind, plus --log-verbose's and --model-control-mode's own forms, is taken or
+    refused by both servers alike (Triton refuses by printing its usage)."""
+    from test_triton_flags import FORMS, _parsed
+
+    from tritonmp import triton_flags
+
+    help_text = subprocess.run([str(REFERENCE), "--help"], capture_output=True, text=True, timeout=60)
+    listed = dict(re.findall(r"^  (--[a-z0-9-]+) <(boolean|integer|float)>", help_text.stdout + help_text.stderr,
+                             re.MULTILINE))
+    assert listed == {flag: kind for kind, flags in triton_flags.KINDS.items() for flag in flags}
+
+    def triton_takes(flag: str, value: str) -> bool:
+        ports = [f"--{p}-port={n}" for p, n in zip(("http", "grpc", "metrics"), free_ports(3))
+                 if f"--{p}-port" != flag]
+        done = subprocess.run([str(REFERENCE), "--model-repository=/nonexistent", *ports, f"{flag}={value}"],
+                              capture_output=True, text=True, timeout=60)
+        return "Usage: tritonserver" not in done.stdout + done.stderr
+
+    cases = [(flags[-1], value) for kind, flags in triton_flags.KINDS.items() for value in FORMS[kind]]
+    cases += [("--log-verbose", v) for v in ("true", "FALSE", "2", "yes")]
+    cases += [("--model-control-mode", v) for v in ("POLL", "Explicit", "none")]
+    differ = []
+    for flag, value in cases:
+        ours = _parsed(flag, value) is not None if flag != "--model-control-mode" else \
+            triton_flags.parse_mode(value) in ("none", "poll", "explicit")
+        if ours != triton_takes(flag, value):
+            differ.append((flag, value, ours))
+    assert not differ, f"taken here but not by Triton, or the other way round: {differ}"

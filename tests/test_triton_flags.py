@@ -194,3 +194,45 @@ def test_grpc_pings_after_each_answer_are_not_strikes(start_server, tmp_path):
             read_until(lambda sid=sid: sid in ended)
             s.sendall(h2frame(6, 0, 0, b"bdp-ping"))  # after the call has ended: no call open
         read_until(lambda: acks == 6)
+
+
+# Value forms Triton 2.51's parser takes, and those it refuses, by kind (tests/test_compat.py checks
+# each against Triton itself)
+FORMS = {
+    "boolean": {"TRUE": True, "On": True, "1": True, "false": False, "OFF": False, "0": False,
+                "yes": None, "t": None, "": None},
+    "integer": {"42": 42, "+7": 7, "-1": -1, " 12": 12, "8000.5": 8000, "3abc": 3, "1e3": 1, "abc": None, "": None},
+    "float": {"1.5": 1.5, "2e3": 2000.0, ".5": 0.5, "7": 7.0, "3ms": 3.0, "abc": None},
+}
+
+
+def _parsed(flag: str, value: str):
+    """What the serve parser makes of `flag=value`; None where it refuses it."""
+    from tritonmp import triton_flags
+
+    parser = triton_flags.parser_of(flag)
+    assert parser is not None, flag
+    try:
+        return parser(value)
+    except Exception:
+        return None
+
+
+def test_every_triton_flag_reads_its_values_as_triton_does():
+    """Each boolean, integer and float flag of Triton's is read by its kind's parser (or a wider one,
+    named), in the serve parser itself; each kind takes and refuses Triton's forms."""
+    from tritonmp import cli, triton_flags
+
+    actions = {o: a for a in cli.serve_parser()._actions for o in a.option_strings}
+    for kind, flags in triton_flags.KINDS.items():
+        for flag in flags:
+            assert actions[flag].type is triton_flags.parser_of(flag), flag
+            if flag not in triton_flags.WIDER:
+                assert triton_flags.parser_of(flag) is triton_flags.PARSERS[kind], flag
+    for kind, forms in FORMS.items():
+        for value, want in forms.items():
+            assert _parsed(triton_flags.KINDS[kind][-1], value) == want, (kind, value)
+    assert [_parsed("--log-verbose", v) for v in ("true", "FALSE", "2", "yes")] == [1, 0, 2, None]
+    args = cli.serve_parser().parse_args(["--model-repository", "/m", "--model-control-mode=POLL", "--log-verbose=true",
+                                          "--allow-http=On", "--http-port=8000.5"])
+    assert (args.model_control_mode, args.log_verbose, args.allow_http, args.http_port) == ("poll", 1, True, 8000)

@@ -50,9 +50,9 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"tritonmp {__version__}")
     p.add_argument("--model-repository", "--model-store", action="append", required=True, metavar="DIR",
                    help="a model repository; may be given several times")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--http-port", type=triton_flags.parse_int, default=8000)
+    p.add_argument("--grpc-port", type=triton_flags.parse_int, default=8001)
+    p.add_argument("--metrics-port", type=triton_flags.parse_int, default=8002)
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--metrics-address", default="0.0.0.0")
@@ -61,15 +61,16 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-metrics", type=_bool, default=True)
     p.add_argument("--allow-gpu-metrics", type=_bool, default=DEFAULTS.gpu_metrics)
     p.add_argument("--allow-cpu-metrics", type=_bool, default=DEFAULTS.cpu_metrics)
-    p.add_argument("--metrics-interval-ms", type=float, default=DEFAULTS.metrics_interval * 1000)
+    p.add_argument("--metrics-interval-ms", type=triton_flags.parse_float, default=DEFAULTS.metrics_interval * 1000)
     p.add_argument("--trace-config", action="append", default=[], metavar="[triton,]KEY=VALUE",
                    help="tracing: file=PATH, level=OFF|TIMESTAMPS, rate=N, count=N, log-frequency=N")
     p.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
                    help="the response cache, for models whose config enables response_cache")
-    p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default=DEFAULTS.model_control)
+    p.add_argument("--model-control-mode", type=triton_flags.parse_mode, choices=("none", "poll", "explicit"),
+                   default=DEFAULTS.model_control)
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="with --model-control-mode=explicit: a model to load at startup ('*' for all)")
-    p.add_argument("--repository-poll-secs", type=float, default=DEFAULTS.poll_secs)
+    p.add_argument("--repository-poll-secs", type=triton_flags.parse_float, default=DEFAULTS.poll_secs)
     p.add_argument("--allow-client-shm", type=_bool, default=DEFAULTS.allow_client_shm,
                    help="let clients register system shared-memory regions (off by default, as in Triton)")
     p.add_argument("--grpc-engine", choices=("builtin", "grpcio"), default="builtin",
@@ -79,7 +80,7 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-server-cert", default="")
     p.add_argument("--grpc-server-key", default="")
     p.add_argument("--grpc-root-cert", default="")
-    p.add_argument("--log-verbose", type=int, default=DEFAULTS.log_verbose)
+    p.add_argument("--log-verbose", type=triton_flags.parse_int_bool, default=DEFAULTS.log_verbose)
     p.add_argument("--log-info", type=_bool, default=True)
     p.add_argument("--log-warning", type=_bool, default=True)
     p.add_argument("--log-error", type=_bool, default=True)
@@ -88,7 +89,7 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict-readiness", type=_bool, default=DEFAULTS.strict_readiness)
     p.add_argument("--exit-on-error", type=_bool, default=DEFAULTS.exit_on_error,
                    help="exit when a model fails to load at startup (Triton's default)")
-    p.add_argument("--exit-timeout-secs", type=float, default=DEFAULTS.exit_timeout)
+    p.add_argument("--exit-timeout-secs", type=triton_flags.parse_float, default=DEFAULTS.exit_timeout)
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument("--strict-model-config", type=_bool, default=None,
                    help="deprecated Triton spelling of --disable-auto-complete-config")

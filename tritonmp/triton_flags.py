@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 
 from .settings import DEFAULTS
 
@@ -53,7 +54,8 @@ BACKEND_SETTINGS = {"default-max-batch-size"}
 def add_to(parser: argparse.ArgumentParser) -> None:
     """Add Triton's remaining flags to the serve parser."""
     for flag in IGNORED:
-        parser.add_argument(flag, action="append", metavar="VALUE", dest=_dest(flag), help=argparse.SUPPRESS)
+        parser.add_argument(flag, action="append", metavar="VALUE", dest=_dest(flag), help=argparse.SUPPRESS,
+                            type=parser_of(flag))
     parser.add_argument("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
                         help="only requests with the header KEY: VALUE reach these API groups (Triton's flag)")
     parser.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="PROTOCOLS:KEY=VALUE",
@@ -67,32 +69,69 @@ def add_to(parser: argparse.ArgumentParser) -> None:
                         help="Triton's backend settings: default-max-batch-size is honoured, others are ignored")
     parser.add_argument("--model-config-name", default="",
                         help="read MODEL/configs/NAME.pbtxt where it exists instead of MODEL/config.pbtxt")
-    parser.add_argument("--response-cache-byte-size", type=int, default=0,
+    parser.add_argument("--response-cache-byte-size", type=parse_int, default=0,
                         help="deprecated Triton spelling of --cache-config local,size=BYTES")
     for name in ("file", "level", "rate", "count", "log-frequency"):
         parser.add_argument(f"--trace-{name}", action="append", default=[], metavar="VALUE",
+                            type=parser_of(f"--trace-{name}"),
                             help=f"deprecated Triton spelling of --trace-config {name}=VALUE")
-    parser.add_argument("--grpc-keepalive-time", type=int, default=7200000, metavar="MS")
-    parser.add_argument("--grpc-keepalive-timeout", type=int, default=20000, metavar="MS")
+    parser.add_argument("--grpc-keepalive-time", type=parse_int, default=7200000, metavar="MS")
+    parser.add_argument("--grpc-keepalive-timeout", type=parse_int, default=20000, metavar="MS")
     parser.add_argument("--grpc-keepalive-permit-without-calls", type=parse_bool, default=False)
-    parser.add_argument("--grpc-max-connection-age", type=int, default=0, metavar="MS")
-    parser.add_argument("--grpc-max-connection-age-grace", type=int, default=0, metavar="MS")
-    parser.add_argument("--grpc-http2-min-recv-ping-interval-without-data", type=int, default=300000, metavar="MS")
-    parser.add_argument("--grpc-http2-max-ping-strikes", type=int, default=2)
+    parser.add_argument("--grpc-max-connection-age", type=parse_int, default=0, metavar="MS")
+    parser.add_argument("--grpc-max-connection-age-grace", type=parse_int, default=0, metavar="MS")
+    parser.add_argument("--grpc-http2-min-recv-ping-interval-without-data", type=parse_int, default=300000,
+                        metavar="MS")
+    parser.add_argument("--grpc-http2-max-ping-strikes", type=parse_int, default=2)
 
 
 def _dest(flag: str) -> str:
     return "triton_" + flag.lstrip("-").replace("-", "_")
 
 
+# The value forms of Triton's flags, as its command line parses them: a boolean is true, on or 1, or
+# false, off or 0, in any case; an integer is C's strtol read of the value's start (" 12abc" is 12);
+# a float C's strtod's; --log-verbose also takes true (1) and false (0); --model-control-mode any case.
+_INTEGER = re.compile(r"\s*[+-]?\d+")
+_FLOAT = re.compile(r"\s*[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan)", re.IGNORECASE)
+
+
 def parse_bool(text: str) -> bool:
     """Triton's boolean flag values."""
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
+    value = text.lower()
+    if value in ("1", "true", "on"):
         return True
-    if value in ("0", "false", "no", "off"):
+    if value in ("0", "false", "off"):
         return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+    raise argparse.ArgumentTypeError(f"invalid value for bool option: {text}")
+
+
+def parse_int(text: str) -> int:
+    """Triton's integer flag values: the integer the value starts with."""
+    m = _INTEGER.match(text)
+    if m is None or not -(1 << 63) <= int(m.group()) < 1 << 63:
+        raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'")
+    return int(m.group())
+
+
+def parse_float(text: str) -> float:
+    """Triton's float flag values (and of its integer ones this server takes in fractions, such as
+    seconds): the number the value starts with."""
+    m = _FLOAT.match(text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'")
+    return float(m.group())
+
+
+def parse_int_bool(text: str) -> int:
+    """--log-verbose: true is 1, false 0, else an integer."""
+    value = text.lower()
+    return 1 if value == "true" else 0 if value == "false" else parse_int(text)
+
+
+def parse_mode(text: str) -> str:
+    """--model-control-mode, in any case."""
+    return text.lower()
 
 
 GRPCIO_ONLY = {"--grpc-http2-max-pings-without-data"}
@@ -151,3 +190,33 @@ def grpcio_options(args: argparse.Namespace) -> list[tuple[str, int]]:
     if values:
         options.append(("grpc.http2.max_pings_without_data", int(values[-1])))
     return options
+
+
+# Triton 2.51's flags whose values it reads as booleans, integers or floats (`tritonserver --help`)
+KINDS: dict[str, tuple[str, ...]] = {
+    "boolean": ("--log-info", "--log-warning", "--log-error", "--exit-on-error", "--strict-readiness",
+                "--model-namespacing", "--enable-peer-access", "--allow-http", "--reuse-http-port", "--allow-grpc",
+                "--reuse-grpc-port", "--grpc-use-ssl", "--grpc-use-ssl-mutual", "--grpc-keepalive-permit-without-calls",
+                "--allow-sagemaker", "--allow-vertex-ai", "--allow-metrics", "--allow-gpu-metrics",
+                "--allow-cpu-metrics", "--strict-model-config"),
+    "integer": ("--exit-timeout-secs", "--log-verbose", "--repository-poll-secs", "--model-load-thread-count",
+                "--model-load-retry-count", "--http-port", "--http-thread-count", "--grpc-port",
+                "--grpc-infer-allocation-pool-size", "--grpc-keepalive-time", "--grpc-keepalive-timeout",
+                "--grpc-http2-max-pings-without-data", "--grpc-http2-min-recv-ping-interval-without-data",
+                "--grpc-http2-max-ping-strikes", "--grpc-max-connection-age", "--grpc-max-connection-age-grace",
+                "--sagemaker-port", "--sagemaker-thread-count", "--vertex-ai-port", "--vertex-ai-thread-count",
+                "--metrics-port", "--pinned-memory-pool-byte-size", "--buffer-manager-thread-count",
+                "--response-cache-byte-size", "--trace-rate", "--trace-count", "--trace-log-frequency"),
+    "float": ("--metrics-interval-ms", "--min-supported-compute-capability"),
+}
+PARSERS = {"boolean": parse_bool, "integer": parse_int, "float": parse_float}
+# where this server reads more than Triton's parser does: --log-verbose's true and false, and seconds
+# in fractions
+WIDER = {"--log-verbose": parse_int_bool, "--exit-timeout-secs": parse_float, "--repository-poll-secs": parse_float}
+
+
+def parser_of(flag: str):
+    """How a Triton flag's value is read here: its kind's parser (or a wider one); None for a string."""
+    if flag in WIDER:
+        return WIDER[flag]
+    return next((PARSERS[kind] for kind, flags in KINDS.items() if flag in flags), None)
