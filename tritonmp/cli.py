@@ -213,6 +213,9 @@ def serve(argv: list[str]) -> int:
         Listener,
         MetricsListener,
         MetricsSettings,
+        SagemakerListener,
+        SagemakerSettings,
+        check_ports,
     )
     from .gpus import visible_gpus
 
@@ -266,12 +269,22 @@ def serve(argv: list[str]) -> int:
                 max_input_size=args.http_max_input_size, limits=limits, graceful_timeout=args.exit_timeout_secs)))
         if args.allow_metrics:
             listeners.append(MetricsListener(MetricsSettings(args.metrics_address, args.metrics_port, limits=limits)))
+        if args.allow_sagemaker:
+            listeners.append(SagemakerListener(SagemakerSettings.from_environment(
+                os.environ, port=args.sagemaker_port, safe_range=args.sagemaker_safe_port_range,
+                restrictions=http_restrictions or None, max_input_size=args.http_max_input_size, limits=limits)))
         if args.allow_grpc:
             listeners.append(GrpcListener(GrpcSettings(
                 args.grpc_address, args.grpc_port, tls, keepalive, restrictions=grpc_restrictions or None,
                 header_forward=compile_pattern(args.grpc_header_forward_pattern, "--grpc-header-forward-pattern"),
                 max_input_size=args.grpc_max_input_size, max_connections=args.max_connections,
                 engine=args.grpc_engine, grpcio_options=grpcio_options)))
+        check_ports([(service, address, port, allowed) for allowed_flag, service, address, port, allowed in (
+            (args.allow_http, "HTTP", args.http_address, args.http_port, None),
+            (args.allow_grpc, "GRPC", args.grpc_address, args.grpc_port, None),
+            (args.allow_metrics, "metrics", args.metrics_address, args.metrics_port, None),
+            (args.allow_sagemaker, "SageMaker", "0.0.0.0", args.sagemaker_port, args.sagemaker_safe_port_range),
+        ) if allowed_flag])
     except ValueError as e:
         log.error("%s", e)
         return 1

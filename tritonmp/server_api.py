@@ -185,6 +185,18 @@ class ServerApi:
         files = {k[len("file:"):]: v for k, v in parameters.items() if k.startswith("file:")}
         await self.models.load(name, config, files or None)
 
+    def register_repository(self, path: str, names: dict[str, str]) -> None:
+        """Serve the models of another local repository (its folders in `names` under those names), as
+        Triton's repository registration, which SageMaker's multi-model endpoint uses."""
+        if self.settings.model_control != "explicit":
+            raise invalid("repository registration is not allowed if model control mode is not EXPLICIT")
+        self.models.repositories.register(path, names)
+
+    def unregister_repository(self, path: str) -> None:
+        if self.settings.model_control != "explicit":
+            raise invalid("repository unregistration is not allowed if model control mode is not EXPLICIT")
+        self.models.repositories.unregister(path)
+
     async def unload_model(self, name: str, parameters: dict) -> None:
         """Unload `name` as Triton does: with `unload_dependents`, an ensemble's composing models
         (and theirs) go with it; and the loaded ensembles that run any model unloaded go too."""

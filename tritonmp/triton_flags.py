@@ -25,10 +25,7 @@ IGNORED = {
     "--grpc-infer-response-compression-level": "responses are sent uncompressed",
     "--grpc-http2-max-pings-without-data": "it limits the pings a server sends with no data; the built-in engine "
                                            "pings only for keepalive (it applies with --grpc-engine grpcio)",
-    "--allow-sagemaker": "the SageMaker endpoint is not served",
-    "--sagemaker-port": "the SageMaker endpoint is not served",
-    "--sagemaker-safe-port-range": "the SageMaker endpoint is not served",
-    "--sagemaker-thread-count": "the SageMaker endpoint is not served",
+    "--sagemaker-thread-count": "SageMaker's requests are served by the frontend's event loop, not a thread pool",
     "--allow-vertex-ai": "the Vertex AI endpoint is not served",
     "--vertex-ai-port": "the Vertex AI endpoint is not served",
     "--vertex-ai-thread-count": "the Vertex AI endpoint is not served",
@@ -75,6 +72,11 @@ def add_to(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--trace-{name}", action="append", default=[], metavar="VALUE",
                             type=parser_of(f"--trace-{name}"),
                             help=f"deprecated Triton spelling of --trace-config {name}=VALUE")
+    parser.add_argument("--allow-sagemaker", type=parse_bool, default=False,
+                        help="serve Amazon SageMaker's endpoint (/ping, /invocations, /models)")
+    parser.add_argument("--sagemaker-port", type=parse_int, default=8080)
+    parser.add_argument("--sagemaker-safe-port-range", type=parse_range, default=None, metavar="LOW-HIGH",
+                        help="the ports the other services must listen on, where on SageMaker's address")
     parser.add_argument("--grpc-keepalive-time", type=parse_int, default=7200000, metavar="MS")
     parser.add_argument("--grpc-keepalive-timeout", type=parse_int, default=20000, metavar="MS")
     parser.add_argument("--grpc-keepalive-permit-without-calls", type=parse_bool, default=False)
@@ -127,6 +129,14 @@ def parse_int_bool(text: str) -> int:
     """--log-verbose: true is 1, false 0, else an integer."""
     value = text.lower()
     return 1 if value == "true" else 0 if value == "false" else parse_int(text)
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    """--sagemaker-safe-port-range: LOW-HIGH."""
+    low, sep, high = text.partition("-")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected LOW-HIGH, got '{text}'")
+    return parse_int(low), parse_int(high)
 
 
 def parse_mode(text: str) -> str:

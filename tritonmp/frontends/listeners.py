@@ -23,6 +23,7 @@ from .http_protocol import Limits, default_max_connections, protocol_class
 from .http_server import DEFAULT_MAX_INPUT_SIZE, HttpApp
 from .metrics_app import MetricsApp
 from .restricted import Restrictions
+from .sagemaker import INFERENCE_TYPES, SagemakerApp
 
 
 def _check_address(port: int) -> None:
@@ -82,6 +83,53 @@ class MetricsSettings:
 
     def __post_init__(self) -> None:
         _check_address(self.port)
+
+
+@dataclass
+class SagemakerSettings:
+    """SageMaker's endpoint: where it listens, the range of ports the other services must keep to
+    (--sagemaker-safe-port-range), and what SageMaker's environment says (SAGEMAKER_TRITON_PING_MODE,
+    SAGEMAKER_TRITON_DEFAULT_MODEL_NAME, SAGEMAKER_TRITON_INFERENCE_TYPE)."""
+
+    address: str = "0.0.0.0"
+    port: int = 8080
+    safe_range: tuple[int, int] | None = None
+    ping_mode: str = "ready"
+    default_model: str = "unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"
+    inference_type: str = "infer"
+    restrictions: Restrictions | None = None  # --http-restricted-api, for the multi-model endpoint's routes
+    max_input_size: int = DEFAULT_MAX_INPUT_SIZE
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        _check_address(self.port)
+        _check_max_input_size(self.max_input_size)
+        if self.inference_type not in INFERENCE_TYPES:
+            raise ValueError(f"SAGEMAKER_TRITON_INFERENCE_TYPE is '{self.inference_type}'; it must be one of: "
+                             f"{', '.join(INFERENCE_TYPES)}")
+
+    @classmethod
+    def from_environment(cls, environ, **settings) -> SagemakerSettings:
+        defaults = cls()
+        return cls(ping_mode=environ.get("SAGEMAKER_TRITON_PING_MODE", defaults.ping_mode),
+                   default_model=environ.get("SAGEMAKER_TRITON_DEFAULT_MODEL_NAME", defaults.default_model),
+                   inference_type=environ.get("SAGEMAKER_TRITON_INFERENCE_TYPE", defaults.inference_type), **settings)
+
+
+def check_ports(services: list[tuple[str, str, int, tuple[int, int] | None]]) -> None:
+    """Triton's rule for its services' ports: (name, address, port, the range the others on its address
+    must keep to, or None). Two on one address and port, or one outside another's range, is a
+    ValueError in Triton's words."""
+    for i, (name, address, port, allowed) in enumerate(services):
+        for j, (other, other_address, other_port, _) in enumerate(services):
+            if j == i or other_address != address or (allowed is None and j < i):
+                continue
+            if allowed is not None and not allowed[0] <= other_port <= allowed[1]:
+                raise ValueError(f"The server cannot listen to {other} requests at port {other_port}, allowed port "
+                                 f"range is [{allowed[0]}, {allowed[1]}]")
+            if port == other_port != 0:  # port 0: any free port, which two services never share
+                raise ValueError(f"The server cannot listen to {name} requests and {other} requests at the same "
+                                 f"address and port {address}:{port}")
 
 
 class Listener:
@@ -185,6 +233,19 @@ class HttpListener(_AsgiListener):
         app = HttpApp(api, s.restrictions, s.max_input_size)
         return self._serve_asgi(app, s.limits, s.reuse_port, s.graceful_timeout, max_body=s.max_input_size,
                                 fast_infer=app.fast_infer, forward=s.header_forward)
+
+
+class SagemakerListener(_AsgiListener):
+    name = "Sagemaker HTTPService"
+
+    def __init__(self, settings: SagemakerSettings):
+        super().__init__(settings)
+
+    async def _start(self, api: ServerApi):
+        s = self.settings
+        app = SagemakerApp(api, HttpApp(api, s.restrictions, s.max_input_size), s.ping_mode, s.default_model,
+                           s.inference_type)
+        return self._serve_asgi(app, s.limits, False, max_body=s.max_input_size)
 
 
 class GrpcListener(Listener):

@@ -185,7 +185,8 @@ class ModelManager:
             # off the loop: completing a config may run the model's own code or framework in a
             # short-lived process (seconds, for TensorFlow), and the server serves on meanwhile
             completed = await asyncio.to_thread(cfg.load, path, self.settings.auto_complete, override,
-                                                self.settings.default_max_batch_sizes, self.settings.config_name)
+                                                self.settings.default_max_batch_sizes, self.settings.config_name,
+                                                name)
             specs = [] if completed.backend == "ensemble" else \
                 instance_specs(completed.config, self.settings.workers, self.settings.gpus, completed.backend)
         except (ConfigProblem, LoadError) as e:

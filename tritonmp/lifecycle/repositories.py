@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import ServerError, internal
+from ..errors import ServerError, Status, internal, invalid
 from ..logs import get_logger
 from ..storage.credentials import CredentialError
 from ..storage.locations import LocationError, is_remote
@@ -46,12 +46,37 @@ class Repositories:
         self._fetches: ThreadPoolExecutor | None = None
         self._temporary = ""  # this server's folder for copies, where no mount directory is set
         self.copies: set[str] = set()  # the private folders of copies not yet removed
+        # repositories registered while serving (SageMaker's multi-model endpoint): local directory ->
+        # the model names of some of its folders (the others are models of their folder's name)
+        self.registered: dict[str, dict[str, str]] = {}
+
+    # -- repositories registered while serving ------------------------------------------------
+    def register(self, path: str, names: dict[str, str]) -> None:
+        """Serve the models of another local repository, the folders in `names` under the names
+        given, as Triton's repository registration does."""
+        if path in self.registered or path in self.paths:
+            raise ServerError(f"model repository '{path}' has already been registered", Status.ALREADY_EXISTS)
+        if not os.path.isdir(path):
+            raise invalid(f"failed to register '{path}', repository not found")
+        found = self.discover()
+        for name in names.values():
+            if name in found:
+                raise ServerError(f"failed to register '{path}', there is a conflicting model name '{name}'",
+                                  Status.ALREADY_EXISTS)
+        self.registered[path] = dict(names)
+
+    def unregister(self, path: str) -> None:
+        self.registered.pop(path, None)
 
     # -- what the repositories hold ---------------------------------------------------------
     def discover(self) -> dict[str, list[str]]:
         """Model name -> where a model of that name is (its directory, or its URI in an object store),
         repository order. Object stores as their last listing saw them."""
         found: dict[str, list[str]] = {}
+        for path, renamed in self.registered.items():
+            for folder in sorted(os.listdir(path)) if os.path.isdir(path) else ():
+                if os.path.isdir(os.path.join(path, folder)) and valid_model_name(renamed.get(folder, folder)):
+                    found.setdefault(renamed.get(folder, folder), []).append(os.path.join(path, folder))
         for repo in self.paths:
             if repo in self.remote:
                 for name in sorted(self._listed.get(repo, {})):
@@ -87,7 +112,7 @@ class Repositories:
         """A load failure as clients see it: Triton's `failed to load '<name>', ` first (clients
         match on it), and no path of this server's file system (paths inside a repository are
         given from the repository, an uploaded model's or a copy's from its own directory)."""
-        local = [p for p in self.paths if p not in self.remote]
+        local = [p for p in self.paths if p not in self.remote] + list(self.registered)
         for root in sorted([*local, files_dir], key=len, reverse=True):
             if root:
                 message = message.replace(os.path.abspath(root).rstrip(os.sep) + os.sep, "")

@@ -102,35 +102,39 @@ def _format_present(backend: backends.Backend, config: mc.ModelConfig, model_dir
 
 
 def load(model_dir: str, auto_complete: bool = True, override: str | None = None,
-         max_batch_sizes: dict[str, int] | None = None, config_name: str = "") -> Completed:
+         max_batch_sizes: dict[str, int] | None = None, config_name: str = "", model_name: str = "") -> Completed:
     """Parse, complete and check the configuration of the model in `model_dir`; `override` is a
     ModelConfig in JSON that replaces config.pbtxt (the repository API's `config` parameter).
 
     Raises ConfigProblem on the first problem; `check_all` collects them instead.
     """
-    problems = check_all(model_dir, auto_complete, override, max_batch_sizes=max_batch_sizes, config_name=config_name)
+    problems = check_all(model_dir, auto_complete, override, max_batch_sizes=max_batch_sizes, config_name=config_name,
+                         model_name=model_name)
     if isinstance(problems, Completed):
         return problems
     raise problems[0]
 
 
 def check_all(model_dir: str, auto_complete: bool = True, override: str | None = None, inspect: bool = False,
-              max_batch_sizes: dict[str, int] | None = None, config_name: str = "") -> Completed | list[ConfigProblem]:
+              max_batch_sizes: dict[str, int] | None = None, config_name: str = "",
+              model_name: str = "") -> Completed | list[ConfigProblem]:
     """Every problem of the model in `model_dir`, or its completed configuration: its config read,
     its model files found, the config completed, then checked, in Triton's order. With `inspect`,
     a framework model's files are read (in a short-lived process) to check the config against them
     even where nothing needs completing, as `tritonmp check` does; otherwise its worker checks that
     when it loads. `max_batch_sizes` (backend, or "" for all -> size) is the max_batch_size that
     auto-complete gives a batchable model (Triton's --backend-config default-max-batch-size);
-    `config_name` picks configs/NAME.pbtxt over config.pbtxt where it exists (--model-config-name)."""
+    `config_name` picks configs/NAME.pbtxt over config.pbtxt where it exists (--model-config-name).
+    `model_name`: the model's name where it is not its folder's (a repository registered with names
+    for its folders), which its config then takes whatever it says."""
     model_dir = os.path.abspath(model_dir)
     read = read_config(model_dir, auto_complete, override, config_name)
     if isinstance(read, ConfigProblem):
         return [read]
     config, path = read
     problems = []
-    name = os.path.basename(model_dir)
-    if not config.name:
+    name = model_name or os.path.basename(model_dir)
+    if not config.name or name != os.path.basename(model_dir):  # a folder served under another name: its name
         config.name = name
     elif config.name != name:
         problems.append(ConfigProblem(path, "name", f"'{config.name}' differs from the model's directory "
