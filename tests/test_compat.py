@@ -1018,3 +1018,68 @@ def test_flag_kinds_and_value_forms_match_tritons_parser():
         if ours != triton_takes(flag, value):
             differ.append((flag, value, ours))
     assert not differ, f"taken here but not by Triton, or the other way round: {differ}"
+
+
+def test_sagemaker_endpoint_answers_as_tritons(tmp_path, monkeypatch):
+    """Every route of SageMaker's endpoint, good requests and bad, single model and multi-model: the
+    same status, Content-Type and body from both servers (JSON bodies compared as JSON)."""
+    from test_sagemaker import ADD, BINARY, mme_folder
+
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE_REPO / "add_py", repo / "add_py")
+    folders = {name: mme_folder(tmp_path / name, name) for name in ("ours", "ref")}
+    monkeypatch.setenv("SAGEMAKER_TRITON_DEFAULT_MODEL_NAME", "add_py")
+    text = orjson.dumps(ADD)
+    header = orjson.dumps({"inputs": [{"name": n, "shape": [1, 3], "datatype": "FP32",
+                                       "parameters": {"binary_data_size": 12}} for n in "AB"],
+                           "outputs": [{"name": "C", "parameters": {"binary_data": True}}]})
+    binary = header + np.array([1, 2, 3], np.float32).tobytes() + np.ones(3, np.float32).tobytes()
+    requests = [
+        ("GET", "/ping", None, {}), ("POST", "/ping", None, {}), ("GET", "/invocations", None, {}),
+        ("GET", "/nowhere", None, {}), ("GET", "/v2/health/ready", None, {}), ("PUT", "/models", None, {}),
+        ("POST", "/invocations", text, {}),
+        ("POST", "/invocations", binary, {"Content-Type": f"{BINARY}{len(header)}"}),
+        ("POST", "/invocations", text, {"Content-Type": f"{BINARY}{len(text)}"}),
+        ("POST", "/invocations", text, {"Content-Type": f"{BINARY}99999"}),
+        ("POST", "/invocations", text, {"Content-Type": f"text/x;{BINARY}5"}),
+        ("POST", "/invocations", orjson.dumps({"inputs": ADD["inputs"][:1]}), {}),
+        ("POST", "/invocations", b'{"inputs": [{"name": "A"', {}),
+        ("GET", "/models", None, {}), ("GET", "/models/h1", None, {}), ("DELETE", "/models/h1", None, {}),
+        ("POST", "/models/h1/invoke", text, {}),
+        ("POST", "/models", {"model_name": "h1", "url": "FOLDER"}, {}),
+        ("GET", "/models", None, {}), ("GET", "/models/h1", None, {}),
+        ("POST", "/models/h1/invoke", text, {"X-Amzn-SageMaker-Target-Model": "m.tar.gz"}),
+        ("POST", "/models/h1/invoke", binary, {"Content-Type": f"{BINARY}{len(header)}"}),
+        ("POST", "/models/h1/invoke", orjson.dumps({"inputs": ADD["inputs"][:1]}), {}),
+        ("POST", "/models", {"model_name": "h1", "url": "FOLDER"}, {}),
+        ("POST", "/models", {"model_name": "h2", "url": str(tmp_path / "none")}, {}),
+        ("DELETE", "/models/h1", None, {}), ("GET", "/models", None, {}), ("GET", "/models/h1", None, {}),
+        ("POST", "/models/h1/invoke", text, {}),
+    ]
+    answers = {}
+    ports = free_ports(2)
+    with contextlib.ExitStack() as stack:
+        ours = ServerProcess([repo], ["--model-control-mode=explicit", "--load-model=add_py", "--allow-sagemaker=true",
+                                      f"--sagemaker-port={ports[0]}"], tmp_path / "tritonmp.log")
+        stack.callback(ours.close)
+        ref = Reference(repo, tmp_path / "triton.log", ("--load-model=add_py", "--allow-sagemaker=true",
+                                                        f"--sagemaker-port={ports[1]}"),
+                        (ours.http_port, ours.grpc_port, ours.metrics_port, *ports))
+        stack.callback(ref.stop)
+        for port in ports:
+            ours.wait_until(lambda p=port: http_request(p, "GET", "/ping")[0] == 200, timeout=120, what="/ping")
+        for who, port in zip(("ours", "ref"), ports):
+            answers[who] = []
+            for method, path, body, headers in requests:
+                if isinstance(body, dict):
+                    body = orjson.dumps({k: str(folders[who]) if v == "FOLDER" else v for k, v in body.items()})
+                status, got, data = http_request(port, method, path, body, headers)
+                kind = got.get("content-type", "")
+                if kind == "application/json" or (data[:1] == b"{" and not kind.startswith(BINARY)):
+                    parsed = orjson.loads(data)
+                    if parsed.get("error", "").startswith("failed to parse the request JSON buffer"):
+                        parsed["error"] = "failed to parse the request JSON buffer"  # the parsers' own words differ
+                    data = orjson.dumps(parsed).replace(str(folders[who]).encode(), b"FOLDER")
+                answers[who].append((method, path, status, kind, data))
+    differ = [(a, b) for a, b in zip(answers["ours"], answers["ref"]) if a != b]
+    assert not differ, "\n".join(f"ours {a}\nref  {b}" for a, b in differ)

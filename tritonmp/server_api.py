@@ -196,6 +196,7 @@ class ServerApi:
         if self.settings.model_control != "explicit":
             raise invalid("repository unregistration is not allowed if model control mode is not EXPLICIT")
         self.models.repositories.unregister(path)
+        self.models.forget_unlisted()
 
     async def unload_model(self, name: str, parameters: dict) -> None:
         """Unload `name` as Triton does: with `unload_dependents`, an ensemble's composing models

@@ -11,6 +11,7 @@ import numpy as np
 from .. import datatypes
 from ..errors import ServerError, invalid
 from ..inference import InferRequest, InferResponse, Tensor
+from .http_codec import UNPARSABLE
 
 RESERVED = ("id", "parameters")
 PREFIX = "[request id: <id_unknown>] "
@@ -30,9 +31,9 @@ def parse(body: bytes) -> dict:
     try:
         doc = json.loads(body, object_pairs_hook=pairs_hook)
     except ValueError as e:  # json.JSONDecodeError and friends
-        raise invalid(f"failed to parse the request JSON buffer: {e}") from None
+        raise invalid(f"{UNPARSABLE}: {e}") from None
     except RecursionError:
-        raise invalid("failed to parse the request JSON buffer: it is nested too deeply") from None
+        raise invalid(f"{UNPARSABLE}: it is nested too deeply") from None
     if not isinstance(doc, dict):
         raise invalid("the request body must be a JSON object")
     return doc

@@ -64,6 +64,8 @@ def decode_raw(body: bytes, model: str, version: str, inputs: dict, max_batch_si
                       f"got {len(body)}")
     return InferRequest(model, version, "", [Tensor(config.name, config.datatype, shape, body)], None, {})
 
+UNPARSABLE = "failed to parse the request JSON buffer"  # how a body that is no JSON is refused
+
 
 def compress(body: bytes, accept_encoding: str) -> tuple[bytes, str]:
     accepted = [p.split(";")[0].strip().lower() for p in accept_encoding.split(",")]
@@ -117,9 +119,9 @@ def json_object(buffer) -> dict:
     try:
         doc = orjson.loads(buffer)
     except orjson.JSONDecodeError as e:
-        raise invalid(f"failed to parse the request JSON buffer: {e}") from None
+        raise invalid(f"{UNPARSABLE}: {e}") from None
     if not isinstance(doc, dict):
-        raise invalid("failed to parse the request JSON buffer: expected a JSON object")
+        raise invalid(f"{UNPARSABLE}: expected a JSON object")
     return doc
 
 

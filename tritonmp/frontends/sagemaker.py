@@ -18,6 +18,7 @@ import orjson
 from ..errors import ServerError, Status, invalid
 from ..logs import get_logger
 from ..server_api import ServerApi
+from .http_codec import UNPARSABLE
 from .http_server import HttpApp, _send
 
 log = get_logger("http")
@@ -116,9 +117,12 @@ class SagemakerApp:
         try:
             await self.http.infer(inner, receive, _binary_content_type(send), model, "")
         except ServerError as e:
-            if not multi_model:
+            if multi_model:
+                await _send(send, _failed_status(e.message), _error(e.message))
+            elif e.message.startswith(UNPARSABLE):  # Triton's SageMaker endpoint says 500 for it
+                await _send(send, 500, _error(e.message))
+            else:
                 raise
-            await _send(send, _failed_status(e.message), _error(e.message))
 
     # -- the multi-model endpoint ---------------------------------------------------------------
     async def _models(self, scope, receive, send, method: str, name: str, action: str) -> None:
@@ -126,9 +130,9 @@ class SagemakerApp:
             if name not in self.loaded:
                 await _send(send, 404, b"", _TEXT)
                 return
-            target = _target_model(scope) or name
+            target = _target_model(scope) or name  # the model SageMaker names in its header, as Triton takes it
             log.info("invoking SageMaker target model %s", target)
-            await self._invoke(scope, receive, send, name, multi_model=True)
+            await self._invoke(scope, receive, send, target, multi_model=True)
             return
         if method not in ("GET", "POST", "DELETE") or (method == "GET" and action):
             await _send(send, 400, b"", _TEXT)
@@ -147,44 +151,47 @@ class SagemakerApp:
         elif method == "POST":
             await self._load(scope, receive, send)
         else:
-            await self._unload(send, name)
+            await self._unload(send, name, _target_model(scope) or name)
 
     async def _load(self, scope, receive, send) -> None:
-        """Load the model at `url` under `model_name`: its repository is registered with that name for
-        the model's folder (the folder itself where it holds config.pbtxt; else the ensemble among its
-        folders, or its one folder), then loaded; a failed load unregisters it again."""
+        """Load the model at `url` for SageMaker's `model_name`, served under the name of the header
+        X-Amzn-SageMaker-Target-Model (else `model_name`), as Triton serves it: its repository is
+        registered with that name for the model's folder (the folder itself where it holds
+        config.pbtxt; else the ensemble among its folders, or its one folder), then loaded; a failed
+        load unregisters it again."""
         body = await self.http._json_body(receive)
         name, url = body.get("model_name", ""), body.get("url", "")
         if not isinstance(name, str) or not isinstance(url, str):
             raise invalid("'model_name' and 'url' must be strings")
+        target = _target_model(scope) or name
         where = os.path.abspath(os.path.normpath(url or "."))
         if where.startswith(("/dev/", "/proc/", "/sys/")):
             await _send(send, 400, b"", _TEXT)
             return
         repository, folder = _model_folder(where)
         try:
-            self.api.register_repository(repository, {folder: name})
+            self.api.register_repository(repository, {folder: target})
         except ServerError as e:
             status = 409 if e.status is Status.ALREADY_EXISTS else 400
             await _send(send, status, _error(e.message), _TEXT)
             return
         try:
-            await self.api.load_model(name, {})
+            await self.api.load_model(target, {})
         except ServerError as e:
             self.api.unregister_repository(repository)
             await _send(send, _failed_status(e.message), _error(e.message), _TEXT)
             return
         self.loaded[name] = url
         self._repositories[name] = repository
-        log.info("loaded SageMaker target model %s from %s", name, url)
+        log.info("loaded SageMaker target model %s from %s", target, url)
         await _send(send, 200, b"", _TEXT)
 
-    async def _unload(self, send, name: str) -> None:
+    async def _unload(self, send, name: str, target: str) -> None:
         if name not in self.loaded:
             await _send(send, 404, b"", _TEXT)
             return
         try:
-            await self.api.unload_model(name, {"unload_dependents": True})
+            await self.api.unload_model(target, {"unload_dependents": True})
         except ServerError as e:
             await _send(send, 400, _error(e.message), _TEXT)
             return

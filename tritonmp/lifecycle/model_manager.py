@@ -239,6 +239,13 @@ class ModelManager:
             self.residency.unloaded(name)
         log.info("unloading '%s'", name)
 
+    def forget_unlisted(self) -> None:
+        """Drop what is known of models that no longer serve and that no repository holds (after a
+        registered repository went), so that the index no longer lists them."""
+        listed = self.repositories.discover()
+        for name in [n for n, e in self.models.items() if not e.versions and n not in listed and not e.lock.locked()]:
+            del self.models[name]
+
     def index(self, ready_only: bool = False) -> list[dict]:
         rows = []
         names = set(self.repositories.discover()) | set(self.models)
