@@ -18,10 +18,13 @@ COPY tritonmp /tmp/src/tritonmp
 ARG EXTRAS="cloud"
 RUN pip install -c /tmp/src/constraints.txt "/tmp/src${EXTRAS:+[$EXTRAS]}" && rm -rf /tmp/src \
     && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin tritonmp \
-    && mkdir /models && chown tritonmp /models
+    && mkdir /models && chown tritonmp /models \
+    && printf '#!/bin/sh\nexec python -m tritonmp.sagemaker_serve "$@"\n' > /usr/local/bin/serve \
+    && chmod 755 /usr/local/bin/serve
 
 USER 10001
-EXPOSE 8000 8001 8002
+# 8080: SageMaker's endpoint, where SageMaker runs the image as `serve`
+EXPOSE 8000 8001 8002 8080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
   CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=2)"]
 CMD ["tritonmp", "--model-repository", "/models", "--workers", "auto"]

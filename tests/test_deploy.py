@@ -74,7 +74,7 @@ def test_dockerfiles(name):
     assert set(kinds[:kinds.index("FROM")]) <= {"ARG"} and kinds.count("CMD") == 1 and "ENTRYPOINT" not in kinds
     users = [v for k, v in instructions if k == "USER"]
     assert users and users[-1] not in ("root", "0")
-    assert set(" ".join(v for k, v in instructions if k == "EXPOSE").split()) == {"8000", "8001", "8002"}
+    assert set(" ".join(v for k, v in instructions if k == "EXPOSE").split()) == {"8000", "8001", "8002", "8080"}
     (healthcheck,) = [v for k, v in instructions if k == "HEALTHCHECK"]
     assert "127.0.0.1:8000/v2/health/ready" in healthcheck
     (cmd,) = [json.loads(v) for k, v in instructions if k == "CMD"]
@@ -88,8 +88,10 @@ def test_dockerfiles(name):
     assert not {"tritonmp", "workers", "pyproject.toml", "constraints.txt", "README.md"} & set(ignored)
     installs = " ".join(v for k, v in instructions if k in ("RUN", "ARG"))
     assert "pip install" in installs
+    # SageMaker runs an image as `docker run IMAGE serve`
+    assert "/usr/local/bin/serve" in installs and "python -m tritonmp.sagemaker_serve" in installs
     if name == "Dockerfile.gpu":
-        assert 'EXTRAS="gpu"' in installs and "onnxruntime-gpu" in installs
+        assert 'EXTRAS="gpu,cloud"' in installs and "onnxruntime-gpu" in installs
 
 
 def test_the_containers_health_check_passes_on_a_ready_server_only(start_server, example_repo):
@@ -133,16 +135,17 @@ def _manifests(path) -> list[dict]:
 
 
 def _apply_json_patch(document: dict, operations: list[dict]) -> dict:
-    """RFC 6902 add/replace, as kustomize applies the GPU overlay's patch."""
+    """RFC 6902 add/replace, as kustomize applies the overlays' patches."""
     for op in operations:
         assert op["op"] in ("add", "replace")
         *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].lstrip("/").split("/")]
         node = document
         for part in parents:
             node = node[int(part)] if isinstance(node, list) else node[part]
+        key: int | str = int(last) if isinstance(node, list) else last
         if op["op"] == "replace":
-            assert last in node, op["path"]
-        node[last] = op["value"]
+            assert key in node if isinstance(node, dict) else 0 <= int(key) < len(node), op["path"]
+        node[key] = op["value"]
     return document
 
 
@@ -215,6 +218,35 @@ def test_kserve_runtime_and_inference_service():
     model = service["spec"]["predictor"]["model"]
     assert model["runtime"] == runtime["metadata"]["name"]
     assert model["modelFormat"]["name"] in formats and model["protocolVersion"] == "v2"
+
+
+def test_the_object_storage_overlay_serves_a_bucket_and_the_kserve_service_reads_one(tmp_path):
+    """deploy/kubernetes/object-storage: the Deployment's repository is a bucket's URI, its keys come
+    from the secret, its copies go to a writable emptyDir; the volume claim is deleted. The KServe
+    InferenceService takes an s3:// storage URI on the same runtime."""
+    documents = {d["kind"]: d for d in _manifests(DEPLOY / "kubernetes" / "tritonmp.yaml")}
+    overlay = yaml.safe_load((DEPLOY / "kubernetes" / "object-storage" / "kustomization.yaml").read_text())
+    assert overlay["resources"] == ["../"]
+    deployment_patch, claim_patch = overlay["patches"]
+    assert deployment_patch["target"] == {"kind": "Deployment", "name": "tritonmp"}
+    patched = _apply_json_patch(documents["Deployment"], yaml.safe_load(deployment_patch["patch"]))
+    container = _check_deployment(patched, documents["Service"])
+    args = serve_parser().parse_args(_command(container["args"]))
+    assert args.model_repository == ["s3://my-bucket/model_repository"]
+    assert container["envFrom"] == [{"secretRef": {"name": "tritonmp-object-storage"}}]
+    mount = {e["name"]: e["value"] for e in container["env"]}["TRITON_AWS_MOUNT_DIRECTORY"]
+    (models,) = [m for m in container["volumeMounts"] if m["mountPath"] == mount]
+    assert models["readOnly"] is False
+    (volume,) = [v for v in patched["spec"]["template"]["spec"]["volumes"] if v["name"] == models["name"]]
+    assert volume == {"name": "models", "emptyDir": {}}
+    _round_trip(volume, "V1Volume")
+    deleted = yaml.safe_load(claim_patch["patch"])
+    assert deleted["$patch"] == "delete" and deleted["metadata"]["name"] == \
+        documents["PersistentVolumeClaim"]["metadata"]["name"] == claim_patch["target"]["name"]
+    (service,) = _manifests(DEPLOY / "kubernetes" / "kserve-inferenceservice-s3.yaml")
+    (runtime,) = _manifests(DEPLOY / "kubernetes" / "kserve-runtime.yaml")
+    model = service["spec"]["predictor"]["model"]
+    assert model["runtime"] == runtime["metadata"]["name"] and model["storageUri"].startswith("s3://")
 
 
 @pytest.mark.parametrize("where", ["dockerfile", "compose", "kubernetes", "kserve"])

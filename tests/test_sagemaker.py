@@ -5,10 +5,12 @@ invoke and unload from a URL; bad requests answered in Triton's words; the port 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import struct
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -165,3 +167,56 @@ def test_bad_sagemaker_settings_stop_the_server(tmp_path, flags, env, words):
                            *args, f"--grpc-port={free_port()}", f"--metrics-port={free_port()}"],
                           capture_output=True, text=True, env=dict(os.environ, **env), timeout=60)
     assert done.returncode == 1 and words.replace("PORT", port) in done.stdout + done.stderr, done.stderr
+
+
+def test_the_serve_entry_starts_the_server_as_sagemaker_starts_a_container(tmp_path):
+    """`serve` (python -m tritonmp.sagemaker_serve): SageMaker's environment becomes the command line,
+    the one model folder is the default model, and only SageMaker's endpoint listens."""
+    import os
+    import signal
+
+    from tritonmp.sagemaker_serve import arguments
+
+    from conftest import shm_segments, wait_for
+
+    repo = sagemaker_repo(tmp_path)
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "tritonmp.sagemaker_serve", "--model-dir", str(repo)],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, SAGEMAKER_BIND_TO_PORT=str(port),
+                                         SAGEMAKER_TRITON_LOG_VERBOSE="false"))
+    try:
+        def up() -> bool:
+            assert proc.poll() is None, log.read_text()
+            try:
+                return http_request(port, "GET", "/ping")[0] == 200
+            except OSError:
+                return False
+
+        wait_for(up, 60, "SageMaker's /ping")
+        status, _, body = http_request(port, "POST", "/invocations", json.dumps(ADD).encode())
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == [2.0, 3.0, 4.0], body
+        text = log.read_text()
+        assert "Started Sagemaker HTTPService" in text and "Started HTTPService" not in text, text
+        assert "serving the one model folder, add_py" in text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        left = shm_segments(proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for path in left:
+            os.unlink(path)
+    assert not left, f"shared memory left behind: {left}"
+    args, env = arguments({"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "add_py", "SAGEMAKER_SAFE_PORT_RANGE": "8081-8090",
+                           "SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE": "1024"}, str(repo))
+    assert {"--sagemaker-safe-port-range=8081-8090", "--log-verbose=true", "--load-model=add_py",
+            "--backend-config=python,shm-default-byte-size=1024", "--model-namespacing=true",
+            "--allow-http=false"} <= set(args), args
+    (tmp_path / "repo" / "second").mkdir()
+    for environ, words in (({}, "2 model folders"), ({"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "nope"}, "no folder")):
+        done = subprocess.run([sys.executable, "-m", "tritonmp.sagemaker_serve", "--model-dir", str(repo)],
+                              capture_output=True, text=True, env=dict(os.environ, **environ), timeout=60)
+        assert done.returncode == 1 and words in done.stderr, done.stderr
