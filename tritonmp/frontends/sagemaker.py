@@ -20,6 +20,7 @@ from ..logs import get_logger
 from ..server_api import ServerApi
 from .http_codec import UNPARSABLE
 from .http_server import HttpApp, _send
+from .mime_infer import mime_infer
 
 log = get_logger("http")
 
@@ -88,34 +89,14 @@ class SagemakerApp:
 
     # -- invocations ----------------------------------------------------------------------------
     async def _invoke(self, scope, receive, send, model: str, multi_model: bool = False) -> None:
-        """An infer (or generate) request of the body, for `model`. The JSON header's length comes in
-        the Content-Type; a Content-Encoding is not read (SageMaker sends none), nor Accept-Encoding."""
-        headers = []
-        for key, value in scope["headers"]:
-            if key == b"content-type":
-                text = value.decode("latin-1")
-                at = text.find(BINARY_MIME)
-                if at > 0:
-                    await _send(send, 400, _error(f"expect MIME type for binary data starts with '{BINARY_MIME}', "
-                                                  f"got: {text}"), _TEXT)
-                    return
-                if at == 0:
-                    length = _leading_int(text[len(BINARY_MIME):])
-                    size = _content_length(scope)
-                    if length is None or not 0 <= length <= size:
-                        await _send(send, 400, _error(f"inference header size should be in range (0, {size}), "
-                                                      f"got: {text[len(BINARY_MIME):]}"), _TEXT)
-                        return
-                    headers.append((b"inference-header-content-length", str(length).encode()))
-            elif key not in (b"content-encoding", b"accept-encoding", b"inference-header-content-length"):
-                headers.append((key, value))
-        inner = dict(scope, headers=headers)
+        """An infer (or generate) request of the body, for `model`; a binary answer says its JSON
+        header's length in its Content-Type too."""
         if self.inference_type != "infer" and not multi_model:
             handler = self.http.generate if self.inference_type == "generate" else self.http.generate_stream
             await handler(receive, send, model, "")
             return
         try:
-            await self.http.infer(inner, receive, _binary_content_type(send), model, "")
+            await mime_infer(self.http, scope, receive, send, model, "", BINARY_MIME, answer_in_content_type=True)
         except ServerError as e:
             if multi_model:
                 await _send(send, _failed_status(e.message), _error(e.message))
@@ -221,33 +202,3 @@ def _target_model(scope) -> str:
         if key == b"x-amzn-sagemaker-target-model":
             return value.decode("latin-1")
     return ""
-
-
-def _leading_int(text: str) -> int | None:
-    m = re.match(r"\s*[+-]?\d+", text)
-    return int(m.group()) if m else None
-
-
-def _content_length(scope) -> int:
-    for key, value in scope["headers"]:
-        if key == b"content-length" and value.isdigit():
-            return int(value)
-    return 0
-
-
-def _binary_content_type(send):
-    """`send`, with a binary answer's Inference-Header-Content-Length told in its Content-Type instead."""
-
-    async def sending(message) -> None:
-        if message["type"] == "http.response.start":
-            headers, length = [], None
-            for key, value in message["headers"]:
-                if key == b"inference-header-content-length":
-                    length = value
-                elif key != b"content-type":
-                    headers.append((key, value))
-            content_type = BINARY_MIME.encode() + length if length is not None else b"application/json"
-            message = dict(message, headers=[(b"content-type", content_type), *headers])
-        await send(message)
-
-    return sending
