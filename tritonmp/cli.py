@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Mapping
 
 from . import __version__, triton_flags
 from .frontends.header_forwarding import compile_pattern
@@ -45,19 +46,30 @@ def _retain_mib(text: str) -> int:
     return value
 
 
-def serve_parser() -> argparse.ArgumentParser:
+def serve_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentParser:
+    """The command line; on Vertex AI (AIP_MODE=PREDICTION) the defaults are Triton's there: its
+    endpoint on, HTTP and gRPC off, the model repository AIP_STORAGE_URI."""
     p = argparse.ArgumentParser(prog="tritonmp", description="A Triton-compatible inference server.")
     p.add_argument("--version", action="version", version=f"tritonmp {__version__}")
-    p.add_argument("--model-repository", "--model-store", action="append", required=True, metavar="DIR",
-                   help="a model repository; may be given several times")
+    storage_uri = environ.get("AIP_STORAGE_URI", "")
+    p.add_argument("--model-repository", "--model-store", action="append", required=not storage_uri, metavar="DIR",
+                   help="a model repository (a directory, or s3://, gs://, as:// storage); may be given several "
+                        "times" + (f" (default on Vertex AI: AIP_STORAGE_URI, {storage_uri})" if storage_uri else ""))
     p.add_argument("--http-port", type=triton_flags.parse_int, default=8000)
     p.add_argument("--grpc-port", type=triton_flags.parse_int, default=8001)
     p.add_argument("--metrics-port", type=triton_flags.parse_int, default=8002)
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--metrics-address", default="0.0.0.0")
-    p.add_argument("--allow-http", type=_bool, default=True)
-    p.add_argument("--allow-grpc", type=_bool, default=True)
+    vertex_ai = environ.get("AIP_MODE", "") == "PREDICTION"
+    p.add_argument("--allow-http", type=_bool, default=not vertex_ai)
+    p.add_argument("--allow-grpc", type=_bool, default=not vertex_ai)
+    p.add_argument("--allow-vertex-ai", type=_bool, default=vertex_ai,
+                   help="serve Vertex AI's endpoint (AIP_PREDICT_ROUTE, AIP_HEALTH_ROUTE); on when AIP_MODE=PREDICTION")
+    p.add_argument("--vertex-ai-port", type=triton_flags.parse_int,
+                   default=triton_flags.parse_int(environ.get("AIP_HTTP_PORT", "8080")))
+    p.add_argument("--vertex-ai-default-model", default="", metavar="MODEL",
+                   help="the model Vertex AI's predict route serves (default: the one model loaded)")
     p.add_argument("--allow-metrics", type=_bool, default=True)
     p.add_argument("--allow-gpu-metrics", type=_bool, default=DEFAULTS.gpu_metrics)
     p.add_argument("--allow-cpu-metrics", type=_bool, default=DEFAULTS.cpu_metrics)
@@ -190,6 +202,8 @@ def serve(argv: list[str]) -> int:
         args.trace_config += [f"{name}={v}" for v in getattr(args, "trace_" + name.replace("-", "_"))]
     if args.response_cache_byte_size > 0 and not args.cache_config:
         args.cache_config = [f"local,size={args.response_cache_byte_size}"]
+    if args.model_repository is None:  # on Vertex AI: its storage URI
+        args.model_repository = [os.environ["AIP_STORAGE_URI"]]
     for repo in args.model_repository:
         problem = repository_problem(repo)
         if problem:
@@ -215,6 +229,8 @@ def serve(argv: list[str]) -> int:
         MetricsSettings,
         SagemakerListener,
         SagemakerSettings,
+        VertexAiListener,
+        VertexAiSettings,
         check_ports,
     )
     from .gpus import visible_gpus
@@ -273,6 +289,11 @@ def serve(argv: list[str]) -> int:
             listeners.append(SagemakerListener(SagemakerSettings.from_environment(
                 os.environ, port=args.sagemaker_port, safe_range=args.sagemaker_safe_port_range,
                 restrictions=http_restrictions or None, max_input_size=args.http_max_input_size, limits=limits)))
+        if args.allow_vertex_ai:
+            listeners.append(VertexAiListener(VertexAiSettings(
+                port=args.vertex_ai_port, predict_route=os.environ.get("AIP_PREDICT_ROUTE", ""),
+                health_route=os.environ.get("AIP_HEALTH_ROUTE", ""), default_model=args.vertex_ai_default_model,
+                max_input_size=args.http_max_input_size, limits=limits)))
         if args.allow_grpc:
             listeners.append(GrpcListener(GrpcSettings(
                 args.grpc_address, args.grpc_port, tls, keepalive, restrictions=grpc_restrictions or None,
@@ -284,6 +305,7 @@ def serve(argv: list[str]) -> int:
             (args.allow_grpc, "GRPC", args.grpc_address, args.grpc_port, None),
             (args.allow_metrics, "metrics", args.metrics_address, args.metrics_port, None),
             (args.allow_sagemaker, "SageMaker", "0.0.0.0", args.sagemaker_port, args.sagemaker_safe_port_range),
+            (args.allow_vertex_ai, "Vertex AI", "0.0.0.0", args.vertex_ai_port, None),
         ) if allowed_flag])
     except ValueError as e:
         log.error("%s", e)

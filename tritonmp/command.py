@@ -123,6 +123,12 @@ class Command:
             if load.done():
                 failures = load.result()
                 log.info("\n%s", _model_table(models))
+                try:
+                    for listener in self.serving:
+                        listener.loaded(api)
+                except ValueError as e:  # a listener that cannot serve the models loaded as told
+                    log.error("%s", e)
+                    return 1
                 _settle_collector()
                 self.notifier.notify("READY=1", "STATUS=serving" + (f"; {len(failures)} model version(s) "
                                                                     "unavailable" if failures else ""))

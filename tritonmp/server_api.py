@@ -185,6 +185,10 @@ class ServerApi:
         files = {k[len("file:"):]: v for k, v in parameters.items() if k.startswith("file:")}
         await self.models.load(name, config, files or None)
 
+    def ready_model_names(self) -> list[str]:
+        """The models with a version ready, by name."""
+        return sorted({mv.name for mv in self.models.ready_versions()})
+
     def register_repository(self, path: str, names: dict[str, str]) -> None:
         """Serve the models of another local repository (its folders in `names` under those names), as
         Triton's repository registration, which SageMaker's multi-model endpoint uses."""

@@ -26,10 +26,7 @@ IGNORED = {
     "--grpc-http2-max-pings-without-data": "it limits the pings a server sends with no data; the built-in engine "
                                            "pings only for keepalive (it applies with --grpc-engine grpcio)",
     "--sagemaker-thread-count": "SageMaker's requests are served by the frontend's event loop, not a thread pool",
-    "--allow-vertex-ai": "the Vertex AI endpoint is not served",
-    "--vertex-ai-port": "the Vertex AI endpoint is not served",
-    "--vertex-ai-thread-count": "the Vertex AI endpoint is not served",
-    "--vertex-ai-default-model": "the Vertex AI endpoint is not served",
+    "--vertex-ai-thread-count": "Vertex AI's requests are served by the frontend's event loop, not a thread pool",
     "--metrics-config": "the metrics are always Triton's summary-free set plus this server's histograms",
     "--backend-directory": "backends are part of this package",
     "--repoagent-directory": "repository agents are not run",

@@ -99,6 +99,13 @@ def _whole_body(receive, received: ReceivedBody):
     return whole
 
 
+def body_receive(scope, receive):
+    """The request's `receive`: the whole body in one message where the protocol received it into one
+    buffer (see `_whole_body`)."""
+    received = scope.get(BODY_KEY)
+    return receive if received is None else _whole_body(receive, received)
+
+
 def _error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
@@ -173,44 +180,49 @@ class HttpApp:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
-        path = scope["path"]
-        method = scope["method"]
-        received = scope.get(BODY_KEY)
-        if received is not None:
-            receive = _whole_body(receive, received)
+        await self.guarded(scope, send, self._route(scope, body_receive(scope, receive), send))
+
+    async def guarded(self, scope, send, work) -> None:
+        """Await `work`, a handler's coroutine: its ServerError answered in Triton's form, a client gone
+        away ignored, and a bug of ours answered 500, logged, and served on."""
         try:
-            for key, value in scope["headers"]:
-                if key == b"content-length" and value.isdigit() and int(value) > self.max_input_size:
-                    raise self._too_large(int(value))  # refused before a byte of it is read
-            m = INFER.fullmatch(path)
-            if m is not None:
-                if method != "POST":
-                    await _send(send, 405, _error_body("Method Not Allowed"), _TEXT)
-                    return
-                if not await self._refused("infer", scope, send):
-                    await self.infer(scope, receive, send, m["model"], m["version"] or "")
-                return
-            wrong_method = False
-            for pattern, want, name in ROUTES:
-                m = pattern.fullmatch(path)
-                if m is not None:
-                    if method != want:
-                        wrong_method = True
-                        continue
-                    if not await self._refused(name, scope, send):
-                        await getattr(self, name)(receive, send, **m.groupdict())
-                    return
-            if wrong_method:
-                await _send(send, 405, _error_body("Method Not Allowed"), _TEXT)
-                return
-            await _send(send, 404, _error_body("Not Found"), _TEXT)
+            await work
         except ServerError as e:
             await _send(send, e.status.http_status, _error_body(e.message))
         except ConnectionError:
             pass
         except Exception as e:  # a bug of ours: answer, log, and keep serving
-            log.exception("%s %s failed", method, path)
+            log.exception("%s %s failed", scope["method"], scope["path"])
             await _send(send, 500, _error_body(f"internal error: {type(e).__name__}: {e}"))
+
+    async def _route(self, scope, receive, send) -> None:
+        path = scope["path"]
+        method = scope["method"]
+        for key, value in scope["headers"]:
+            if key == b"content-length" and value.isdigit() and int(value) > self.max_input_size:
+                raise self._too_large(int(value))  # refused before a byte of it is read
+        m = INFER.fullmatch(path)
+        if m is not None:
+            if method != "POST":
+                await _send(send, 405, _error_body("Method Not Allowed"), _TEXT)
+                return
+            if not await self._refused("infer", scope, send):
+                await self.infer(scope, receive, send, m["model"], m["version"] or "")
+            return
+        wrong_method = False
+        for pattern, want, name in ROUTES:
+            m = pattern.fullmatch(path)
+            if m is not None:
+                if method != want:
+                    wrong_method = True
+                    continue
+                if not await self._refused(name, scope, send):
+                    await getattr(self, name)(receive, send, **m.groupdict())
+                return
+        if wrong_method:
+            await _send(send, 405, _error_body("Method Not Allowed"), _TEXT)
+            return
+        await _send(send, 404, _error_body("Not Found"), _TEXT)
 
     # -- health and metadata ---------------------------------------------------------------
     async def live(self, receive, send) -> None:

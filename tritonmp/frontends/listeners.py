@@ -24,6 +24,7 @@ from .http_server import DEFAULT_MAX_INPUT_SIZE, HttpApp
 from .metrics_app import MetricsApp
 from .restricted import Restrictions
 from .sagemaker import INFERENCE_TYPES, SagemakerApp
+from .vertex_ai import VertexAiApp
 
 
 def _check_address(port: int) -> None:
@@ -116,6 +117,28 @@ class SagemakerSettings:
                    inference_type=environ.get("SAGEMAKER_TRITON_INFERENCE_TYPE", defaults.inference_type), **settings)
 
 
+@dataclass
+class VertexAiSettings:
+    """Vertex AI's endpoint: where it listens, its routes (AIP_PREDICT_ROUTE, AIP_HEALTH_ROUTE) and the
+    model its predict route serves (--vertex-ai-default-model; else the one model loaded)."""
+
+    address: str = "0.0.0.0"
+    port: int = 8080
+    predict_route: str = ""
+    health_route: str = ""
+    default_model: str = ""
+    max_input_size: int = DEFAULT_MAX_INPUT_SIZE
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        _check_address(self.port)
+        _check_max_input_size(self.max_input_size)
+        if not self.predict_route:
+            raise ValueError("API_PREDICT_ROUTE is not defined for Vertex AI endpoint")
+        if not self.health_route:
+            raise ValueError("AIP_HEALTH_ROUTE is not defined for Vertex AI endpoint")
+
+
 def check_ports(services: list[tuple[str, str, int, tuple[int, int] | None]]) -> None:
     """Triton's rule for its services' ports: (name, address, port, the range the others on its address
     must keep to, or None). Two on one address and port, or one outside another's range, is a
@@ -168,6 +191,10 @@ class Listener:
 
     async def _start(self, api: ServerApi):
         raise NotImplementedError
+
+    def loaded(self, api: ServerApi) -> None:
+        """The startup load has ended: a listener whose settings depend on the models loaded checks
+        them now (ValueError: the server cannot serve as told)."""
 
     async def _stop(self, running, deadline: float) -> None:
         raise NotImplementedError
@@ -246,6 +273,42 @@ class SagemakerListener(_AsgiListener):
         app = SagemakerApp(api, HttpApp(api, s.restrictions, s.max_input_size), s.ping_mode, s.default_model,
                            s.inference_type)
         return self._serve_asgi(app, s.limits, False, max_body=s.max_input_size)
+
+
+class VertexAiListener(_AsgiListener):
+    """Vertex AI's endpoint; its default model is settled when the startup load has ended, as Triton
+    settles it when it starts the endpoint."""
+
+    name = "Vertex AI HTTPService"
+
+    def __init__(self, settings: VertexAiSettings):
+        super().__init__(settings)
+        self.app: VertexAiApp | None = None
+
+    async def _start(self, api: ServerApi):
+        s, server_settings = self.settings, api.settings
+        system = SystemSampler(server_settings.cpu_metrics, server_settings.gpu_metrics, server_settings.gpus)
+        sampler = asyncio.get_running_loop().create_task(system.run(server_settings.metrics_interval))
+        self.app = VertexAiApp(api, HttpApp(api, None, s.max_input_size), system, s.predict_route, s.health_route)
+        server, task = self._serve_asgi(self.app, s.limits, False, max_body=s.max_input_size)
+        return server, task, sampler
+
+    async def _stop(self, running, deadline: float) -> None:
+        running[2].cancel()
+        await super()._stop(running, deadline)
+
+    def loaded(self, api: ServerApi) -> None:
+        ready = api.ready_model_names()
+        name = self.settings.default_model
+        if not name:
+            if len(ready) != 1:
+                raise ValueError("Expect the model repository contains only a single model if default model is "
+                                 "not specified")
+            name = ready[0]
+        elif name not in ready:
+            raise ValueError(f"Expect the default model '{name}' is loaded")
+        if self.app is not None:
+            self.app.default_model = name
 
 
 class GrpcListener(Listener):

@@ -19,7 +19,7 @@ from ..errors import ServerError, Status, invalid
 from ..logs import get_logger
 from ..server_api import ServerApi
 from .http_codec import UNPARSABLE
-from .http_server import HttpApp, _send
+from .http_server import HttpApp, _send, body_receive
 from .mime_infer import mime_infer
 
 log = get_logger("http")
@@ -62,30 +62,25 @@ class SagemakerApp:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
+        await self.http.guarded(scope, send, self._route(scope, body_receive(scope, receive), send))
+
+    async def _route(self, scope, receive, send) -> None:
         path, method = scope["path"], scope["method"]
-        try:
-            if path == "/ping":
-                if method != "GET":
-                    await _send(send, 405, _error("Method Not Allowed"), _TEXT)
-                    return
-                up = self.api.live() if self.ping_mode == "live" else await self.api.ready()
-                await _send(send, 200 if up else 400, b"", _TEXT)
-            elif path == "/invocations":
-                if method != "POST":
-                    await _send(send, 405, _error("Method Not Allowed"), _TEXT)
-                    return
-                await self._invoke(scope, receive, send, self.default_model)
-            elif (m := _MODELS.fullmatch(path)) is not None:
-                await self._models(scope, receive, send, method, m.group(1) or "", m.group(2) or "")
-            else:
-                await _send(send, 400, b"", _TEXT)
-        except ServerError as e:
-            await _send(send, e.status.http_status, _error(e.message))
-        except ConnectionError:
-            pass
-        except Exception as e:  # a bug of ours: answer, log, and keep serving
-            log.exception("SageMaker %s %s failed", method, path)
-            await _send(send, 500, _error(f"internal error: {type(e).__name__}: {e}"))
+        if path == "/ping":
+            if method != "GET":
+                await _send(send, 405, _error("Method Not Allowed"), _TEXT)
+                return
+            up = self.api.live() if self.ping_mode == "live" else await self.api.ready()
+            await _send(send, 200 if up else 400, b"", _TEXT)
+        elif path == "/invocations":
+            if method != "POST":
+                await _send(send, 405, _error("Method Not Allowed"), _TEXT)
+                return
+            await self._invoke(scope, receive, send, self.default_model)
+        elif (m := _MODELS.fullmatch(path)) is not None:
+            await self._models(scope, receive, send, method, m.group(1) or "", m.group(2) or "")
+        else:
+            await _send(send, 400, b"", _TEXT)
 
     # -- invocations ----------------------------------------------------------------------------
     async def _invoke(self, scope, receive, send, model: str, multi_model: bool = False) -> None:
