@@ -1083,3 +1083,62 @@ def test_sagemaker_endpoint_answers_as_tritons(tmp_path, monkeypatch):
                 answers[who].append((method, path, status, kind, data))
     differ = [(a, b) for a, b in zip(answers["ours"], answers["ref"]) if a != b]
     assert not differ, "\n".join(f"ours {a}\nref  {b}" for a, b in differ)
+
+
+def test_vertex_ai_endpoint_answers_as_tritons(tmp_path, monkeypatch):
+    """The health and predict routes and every redirect, good requests and bad: the same status,
+    Content-Type and body from both servers (bodies that differ by nature, metadata, statistics and
+    metrics, by status and Content-Type alone)."""
+    from test_vertex_ai import ADD, BINARY, REDIRECT
+
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE_REPO / "add_py", repo / "add_py")
+    for key, value in (("AIP_MODE", "PREDICTION"), ("AIP_HEALTH_ROUTE", "/health"), ("AIP_PREDICT_ROUTE", "/predict")):
+        monkeypatch.setenv(key, value)
+    text = orjson.dumps(ADD)
+    header = orjson.dumps({"inputs": [{"name": n, "shape": [1, 3], "datatype": "FP32",
+                                       "parameters": {"binary_data_size": 12}} for n in "AB"],
+                           "outputs": [{"name": "C", "parameters": {"binary_data": True}}]})
+    binary = header + np.array([1, 2, 3], np.float32).tobytes() + np.ones(3, np.float32).tobytes()
+    whole, shape_only = "whole", "status and type"
+    requests = [
+        ("GET", "/health", None, {}, whole), ("POST", "/health", None, {}, whole), ("GET", "/other", None, {}, whole),
+        ("POST", "/predict", text, {}, whole), ("GET", "/predict", None, {}, whole),
+        ("POST", "/predict", binary, {"Content-Type": f"{BINARY}{len(header)}"}, whole),
+        ("POST", "/predict", text, {"Content-Type": f"{BINARY}99999"}, whole),
+        ("POST", "/predict", text, {"Content-Type": f"x;{BINARY}5"}, whole),
+        ("POST", "/predict", orjson.dumps({"inputs": ADD["inputs"][:1]}), {}, whole),
+        ("GET", "/predict", None, {REDIRECT: "v2/models/add_py/ready"}, whole),
+        *[("POST", "/predict", text if route.endswith("infer") else None, {REDIRECT: route}, whole) for route in (
+            "v2/models/add_py/ready", "v2/models/add_py/versions/1/ready", "v2/health/live", "v2/health/ready",
+            "v2/logging", "v2/trace/setting", "v2/models/add_py/config", "v2/models/add_py/infer",
+            "v2/models/add_py/versions/1/infer", "v2/models/nope/infer", "v2/models/nope/ready", "nowhere",
+            "v2/repository/index", "v2/systemsharedmemory/status", "v2/cudasharedmemory/status")],
+        *[("POST", "/predict", None, {REDIRECT: route}, shape_only) for route in (
+            "v2", "v2/models/add_py", "v2/models/stats", "v2/models/add_py/stats", "metrics")],
+        ("POST", "/predict", None, {REDIRECT: "v2/repository/models/add_py/unload"}, whole),
+        ("POST", "/predict", text, {}, whole),
+    ]
+    answers = {}
+    ports = free_ports(2)
+    with contextlib.ExitStack() as stack:
+        ours = ServerProcess([repo], ["--model-control-mode=explicit", "--load-model=add_py",
+                                      f"--vertex-ai-port={ports[0]}"], tmp_path / "tritonmp.log")
+        stack.callback(ours.close)
+        ref = Reference(repo, tmp_path / "triton.log", ("--load-model=add_py", f"--vertex-ai-port={ports[1]}"),
+                        (ours.http_port, ours.grpc_port, ours.metrics_port, *ports))
+        stack.callback(ref.stop)
+        for port in ports:
+            ours.wait_until(lambda p=port: http_request(p, "GET", "/health")[0] == 200, timeout=120, what="/health")
+        for who, port in zip(("ours", "ref"), ports):
+            answers[who] = []
+            for method, path, body, headers, compare in requests:
+                status, got, data = http_request(port, method, path, body, headers)
+                kind = got.get("content-type", "").split(";")[0]
+                if compare == shape_only:
+                    data = b""
+                elif kind == "application/json" and data:
+                    data = orjson.dumps(orjson.loads(data))
+                answers[who].append((method, path, headers.get(REDIRECT, ""), status, kind, data))
+    differ = [(a, b) for a, b in zip(answers["ours"], answers["ref"]) if a != b]
+    assert not differ, "\n".join(f"ours {a}\nref  {b}" for a, b in differ)

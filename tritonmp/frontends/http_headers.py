@@ -1,8 +1,10 @@
 """The own headers of an HTTP response that many responses share (KeptHeaders), never changed, so
-that the HTTP/1.1 protocol keeps the head it renders from each: a JSON answer's, and a binary
-answer's for each length of its JSON header."""
+that the HTTP/1.1 protocol keeps the head it renders from each: a JSON answer's, a binary answer's for
+each length of its JSON header, and an error's (text/plain for a request refused before its body)."""
 
 from __future__ import annotations
+
+from ..errors import ServerError
 
 
 class KeptHeaders(list):
@@ -11,6 +13,7 @@ class KeptHeaders(list):
 
 
 JSON_HEADERS = KeptHeaders([(b"content-type", b"application/json")])  # a JSON response's own headers
+TEXT_HEADERS = KeptHeaders([(b"content-type", b"text/plain")])  # what Triton answers before a request's body
 _BINARY_HEADERS: dict[int, KeptHeaders] = {}  # JSON header length -> binary_headers' answer
 _KEPT = 4096  # the binary answers' headers kept
 
@@ -25,3 +28,13 @@ def binary_headers(json_length: int) -> KeptHeaders:
         headers = _BINARY_HEADERS[json_length] = KeptHeaders(
             [(b"content-type", b"application/octet-stream"), (b"inference-header-content-length", b"%d" % json_length)])
     return headers
+
+
+class ModelRefused(ServerError):
+    """A request refused for its model before its body is read (unknown, not ready, decoupled): Triton
+    answers it with a Content-Type of text/plain, as it does before it reads a request's body."""
+
+
+def error_headers(error: ServerError) -> KeptHeaders:
+    """The own headers of an error's answer."""
+    return TEXT_HEADERS if isinstance(error, ModelRefused) else JSON_HEADERS

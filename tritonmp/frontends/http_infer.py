@@ -12,7 +12,7 @@ from ..errors import ServerError
 from ..inference import InferRequest, InferResponse
 from ..server_api import ServerApi
 from . import http_codec
-from .http_headers import JSON_HEADERS, binary_headers
+from .http_headers import JSON_HEADERS, ModelRefused, binary_headers
 
 ENDPOINT = "HTTP end point"  # as Triton names it in its refusal of a decoupled model
 
@@ -27,7 +27,10 @@ class InferEndpoint:
     def model(self, name: str, version: str):
         """The model version a request is for, refused (as in Triton) before its body is read; None
         for a model that is not loaded yet but loads on demand (`loaded`)."""
-        return self.api.model_for(name, version, ENDPOINT)
+        try:
+            return self.api.model_for(name, version, ENDPOINT)
+        except ServerError as e:
+            raise ModelRefused(e.message, e.status) from None
 
     async def loaded(self, name: str, version: str):
         """The model version a request is for, loaded first where it loads on demand."""

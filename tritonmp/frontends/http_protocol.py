@@ -47,7 +47,7 @@ from ..errors import ServerError, unavailable
 from ..ipc.buffers import RECEIVE_POOL
 from ..logs import get_logger
 from .header_forwarding import forwarded
-from .http_headers import JSON_HEADERS, KeptHeaders
+from .http_headers import JSON_HEADERS, KeptHeaders, error_headers
 
 if TYPE_CHECKING:
     from ..inference import InferRequest
@@ -283,12 +283,13 @@ class FastInfer:
         protocol.fast_reply(self, 200, headers, (out,) if type(out) is bytes else out)
 
     def _failed(self, error: BaseException) -> None:
+        headers = JSON_HEADERS
         if isinstance(error, ServerError):
-            status, message = error.status.http_status, error.message
+            status, message, headers = error.status.http_status, error.message, error_headers(error)
         else:  # a bug of ours: answer, log, and keep serving
             log.error("POST infer of model '%s' failed", self.model, exc_info=error)
             status, message = 500, f"internal error: {type(error).__name__}: {error}"
-        self.protocol.fast_reply(self, status, JSON_HEADERS, [orjson.dumps({"error": message})])
+        self.protocol.fast_reply(self, status, headers, [orjson.dumps({"error": message})])
 
 
 _KEPT = 4096  # entries kept in each of the caches of this module

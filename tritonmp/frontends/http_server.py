@@ -21,7 +21,7 @@ from ..ipc.shm_registry import IPC_HANDLE_SIZE
 from ..logs import get_logger
 from ..server_api import EXTENSIONS, ServerApi
 from . import generate, http_codec, json_offload
-from .http_headers import JSON_HEADERS
+from .http_headers import JSON_HEADERS, error_headers
 from .http_infer import InferEndpoint
 from .http_protocol import BODY_KEY, FORWARDED_KEY, ReceivedBody
 from .inflate import TooLarge, inflate
@@ -188,7 +188,7 @@ class HttpApp:
         try:
             await work
         except ServerError as e:
-            await _send(send, e.status.http_status, _error_body(e.message))
+            await _send(send, e.status.http_status, _error_body(e.message), error_headers(e))
         except ConnectionError:
             pass
         except Exception as e:  # a bug of ours: answer, log, and keep serving
