@@ -186,7 +186,9 @@ def test_the_serve_entry_starts_the_server_as_sagemaker_starts_a_container(tmp_p
         proc = subprocess.Popen([sys.executable, "-m", "tritonmp.sagemaker_serve", "--model-dir", str(repo)],
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=dict(os.environ, SAGEMAKER_BIND_TO_PORT=str(port),
-                                         SAGEMAKER_TRITON_LOG_VERBOSE="false"))
+                                         SAGEMAKER_TRITON_LOG_VERBOSE="false",
+                                         SAGEMAKER_TRITON_ADDITIONAL_ARGS=f"--grpc-port={free_port()} "
+                                                                          f"--metrics-port={free_port()}"))
     try:
         def up() -> bool:
             assert proc.poll() is None, log.read_text()
@@ -200,7 +202,7 @@ def test_the_serve_entry_starts_the_server_as_sagemaker_starts_a_container(tmp_p
         assert status == 200 and json.loads(body)["outputs"][0]["data"] == [2.0, 3.0, 4.0], body
         text = log.read_text()
         assert "Started Sagemaker HTTPService" in text and "Started HTTPService" not in text, text
-        assert "serving the one model folder, add_py" in text
+        assert "Starting with the only existing model directory add_py" in text
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
@@ -215,8 +217,14 @@ def test_the_serve_entry_starts_the_server_as_sagemaker_starts_a_container(tmp_p
     assert {"--sagemaker-safe-port-range=8081-8090", "--log-verbose=true", "--load-model=add_py",
             "--backend-config=python,shm-default-byte-size=1024", "--model-namespacing=true",
             "--allow-http=false"} <= set(args), args
+    assert "--allow-grpc=false" not in args  # as Triton's serve: only HTTP is turned off
     (tmp_path / "repo" / "second").mkdir()
-    for environ, words in (({}, "2 model folders"), ({"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "nope"}, "no folder")):
+    for environ, words in (
+            ({}, "ERROR: More than 1 model directory found in model repository."),
+            ({"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "nope"},
+             "ERROR: Directory with provided SAGEMAKER_TRITON_DEFAULT_MODEL_NAME nope does not exist"),
+            ({"SAGEMAKER_TRITON_INFERENCE_TYPE": "incorrect_inference_type"},
+             "ERROR: Invalid SAGEMAKER_TRITON_INFERENCE_TYPE 'incorrect_inference_type'")):
         done = subprocess.run([sys.executable, "-m", "tritonmp.sagemaker_serve", "--model-dir", str(repo)],
                               capture_output=True, text=True, env=dict(os.environ, **environ), timeout=60)
-        assert done.returncode == 1 and words in done.stderr, done.stderr
+        assert done.returncode == 1 and words in done.stdout, done.stdout + done.stderr

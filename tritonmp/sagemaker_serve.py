@@ -1,6 +1,7 @@
 """The `serve` command of a SageMaker container: SageMaker starts an inference image as `docker run
 IMAGE serve`, and this turns SageMaker's environment into tritonmp's command line, as Triton's own
-SageMaker image does, then runs the server with SageMaker's endpoint alone.
+SageMaker image does, then runs the server with SageMaker's endpoint (HTTP off; gRPC and metrics as
+configured).
 
 A single model's archive is unpacked into /opt/ml/model (one model folder, or several with
 SAGEMAKER_TRITON_DEFAULT_MODEL_NAME naming the one /invocations serves); with SAGEMAKER_MULTI_MODEL=true
@@ -8,7 +9,8 @@ models come and go through /models and the repository given is an empty folder. 
 read: BIND_TO_PORT, SAFE_PORT_RANGE, TRITON_LOG_VERBOSE (on unless set), TRITON_LOG_INFO, TRITON_LOG_WARNING,
 TRITON_LOG_ERROR, TRITON_THREAD_COUNT, TRITON_BUFFER_MANAGER_THREAD_COUNT, TRITON_SHM_DEFAULT_BYTE_SIZE,
 TRITON_SHM_GROWTH_BYTE_SIZE, TRITON_TENSORFLOW_VERSION, TRITON_MODEL_LOAD_GPU_LIMIT,
-TRITON_DISABLE_MODEL_NAMESPACING, TRITON_DEFAULT_MODEL_NAME, MULTI_MODEL.
+TRITON_DISABLE_MODEL_NAMESPACING, TRITON_DEFAULT_MODEL_NAME, TRITON_INFERENCE_TYPE (checked here),
+TRITON_ADDITIONAL_ARGS (more flags), MULTI_MODEL.
 
     python -m tritonmp.sagemaker_serve [--model-dir DIR]   (DIR: /opt/ml/model, as SageMaker mounts it)
 """
@@ -16,8 +18,11 @@ TRITON_DISABLE_MODEL_NAMESPACING, TRITON_DEFAULT_MODEL_NAME, MULTI_MODEL.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Mapping
+
+from .frontends.sagemaker import INFERENCE_TYPES
 
 SINGLE_MODEL_DIR = "/opt/ml/model"
 MULTI_MODEL_DIR = "/tmp/sagemaker"  # an empty repository: multi-model endpoints register each model's own
@@ -54,35 +59,41 @@ def arguments(environ: Mapping[str, str], model_dir: str = SINGLE_MODEL_DIR) -> 
 
         args += [f"--model-load-gpu-limit={gpu}:{environ['SAGEMAKER_TRITON_MODEL_LOAD_GPU_LIMIT']}"
                  for gpu in range(len(visible_gpus()))]
+    args += shlex.split(environ.get("SAGEMAKER_TRITON_ADDITIONAL_ARGS", ""))
+    if not multi and os.path.isfile(os.path.join(model_dir, "config.pbtxt")):
+        raise ServeError("ERROR: Incorrect directory structure.\n"
+                         "       Model directory needs to contain the top level folder")
+    kind = environ.get("SAGEMAKER_TRITON_INFERENCE_TYPE", "")
+    if kind and kind not in INFERENCE_TYPES:
+        raise ServeError(f"ERROR: Invalid SAGEMAKER_TRITON_INFERENCE_TYPE '{kind}'\n"
+                         f"       Must be one of: {', '.join(INFERENCE_TYPES)}")
     if multi:
         os.makedirs(MULTI_MODEL_DIR, exist_ok=True)
     else:
         args.append(f"--load-model={_default_model(model_dir, environ, env)}")
-    return ["--allow-sagemaker=true", "--allow-grpc=false", "--allow-http=false", "--allow-metrics=false",
-            "--model-control-mode=explicit", *args], env
+    return ["--allow-sagemaker=true", "--allow-http=false", "--model-control-mode=explicit", *args], env
 
 
 def _default_model(model_dir: str, environ: Mapping[str, str], env: dict[str, str]) -> str:
-    """The model /invocations serves: SAGEMAKER_TRITON_DEFAULT_MODEL_NAME's folder, or the one folder."""
-    if os.path.isfile(os.path.join(model_dir, "config.pbtxt")):
-        raise ServeError(f"{model_dir} holds config.pbtxt itself: the model archive must hold the model's folder "
-                         "(MODEL/config.pbtxt, MODEL/1/...)")
+    """The model /invocations serves: SAGEMAKER_TRITON_DEFAULT_MODEL_NAME's folder, or the one folder.
+    The refusals are in the words of Triton's own `serve`, which SageMaker users look for."""
     name = environ.get("SAGEMAKER_TRITON_DEFAULT_MODEL_NAME", "")
     if name:
         if not os.path.isdir(os.path.join(model_dir, name)):
-            raise ServeError(f"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME is '{name}', and {model_dir} has no folder of "
-                             "that name")
+            raise ServeError(f"ERROR: Directory with provided SAGEMAKER_TRITON_DEFAULT_MODEL_NAME {name} does not "
+                             "exist")
         return name
     folders = sorted(f for f in os.listdir(model_dir) if os.path.isdir(os.path.join(model_dir, f))) \
         if os.path.isdir(model_dir) else []
     if not folders:
-        raise ServeError(f"no model folder in {model_dir}")
+        raise ServeError("ERROR: No model found in model repository")
     if len(folders) > 1:
-        raise ServeError(f"{len(folders)} model folders in {model_dir} ({', '.join(folders)}): set "
-                         "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME to the one /invocations serves (an ensemble's, to "
-                         "serve them all)")
-    print(f"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME is not set: serving the one model folder, {folders[0]}",
-          file=sys.stderr)
+        raise ServeError("ERROR: More than 1 model directory found in model repository.\n"
+                         "       Either provide a single directory or set SAGEMAKER_TRITON_DEFAULT_MODEL_NAME to run "
+                         "the ensemble backend.\n"
+                         f"       Directories found in model repository: {' '.join(folders)}")
+    print("WARNING: No SAGEMAKER_TRITON_DEFAULT_MODEL_NAME provided.\n"
+          f"         Starting with the only existing model directory {folders[0]}", flush=True)
     env["SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"] = folders[0]
     return folders[0]
 
@@ -98,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args, env = arguments(os.environ, model_dir)
     except ServeError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(e, flush=True)
         return 1
     os.environ.clear()
     os.environ.update(env)
