@@ -116,6 +116,11 @@ def test_the_multi_model_endpoint_loads_lists_invokes_and_unloads(sagemaker, tmp
     assert status == 200 and json.loads(body)["model_name"] == "model.tar.gz", body
     assert call(sagemaker, "DELETE", "/models/again", None, target)[0] == 200
     assert sagemaker.post("/v2/repository/index", b"")[2] == b'[{"name":"add_py","version":"1","state":"READY"}]'
+    # a URL that is the model's own folder (SageMaker's /opt/ml/models/<hash>/model): its repository is
+    # the folder above, which Triton lists as the model's URL
+    assert call(sagemaker, "POST", "/models", {"model_name": "direct", "url": str(folder / "add_py")})[0] == 200
+    assert json.loads(call(sagemaker, "GET", "/models/direct")[2]) == {"modelName": "direct", "modelUrl": str(folder)}
+    assert json.loads(call(sagemaker, "POST", "/models/direct/invoke", ADD)[2])["model_name"] == "direct"
 
 
 def test_a_load_that_runs_out_of_memory_is_a_507_and_leaves_nothing_registered(sagemaker, tmp_path):

@@ -48,7 +48,8 @@ def _failed_status(message: str) -> int:
 
 class SagemakerApp:
     """The SageMaker routes, over the HTTP frontend's app. `loaded`: the models loaded through the
-    multi-model endpoint, by the name SageMaker gave, with the URL each came from."""
+    multi-model endpoint, by the name SageMaker gave, with the repository registered for each (the
+    folder above the model's own where its URL holds config.pbtxt, else the URL)."""
 
     def __init__(self, api: ServerApi, http: HttpApp, ping_mode: str, default_model: str, inference_type: str):
         self.api = api
@@ -157,7 +158,7 @@ class SagemakerApp:
             self.api.unregister_repository(repository)
             await _send(send, _failed_status(e.message), _error(e.message), _TEXT)
             return
-        self.loaded[name] = url
+        self.loaded[name] = repository  # what Triton lists as the model's URL: the repository registered
         self._repositories[name] = repository
         log.info("loaded SageMaker target model %s from %s", target, url)
         await _send(send, 200, b"", _TEXT)
