@@ -120,8 +120,9 @@ def test_polling_sees_a_model_added_changed_and_removed(scheme, stores, tmp_path
             y_of(server.url, "removed")
 
 
-def test_explicit_control_load_on_demand_and_check_read_the_store(stores, tmp_path, tmp_path_factory, start_server):
-    store = stores("gs")
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_explicit_control_load_on_demand_and_check_read_the_store(scheme, stores, tmp_path, start_server):
+    store = stores(scheme)
     write_model(tmp_path / "repo", "first", answer_py(1), X_TO_Y_CONFIG)
     store.upload(tmp_path / "repo", "explicit")
     uri = store.uri("explicit")
