@@ -223,3 +223,27 @@ def test_a_cloud_repository_without_obstore_names_the_extra(tmp_path):
                           capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 1
     assert "pip install 'tritonmp[cloud]'" in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+def test_an_object_whose_key_would_leave_its_models_folder_is_refused(stores, tmp_path, start_server):
+    """A bucket is not trusted to name only paths inside a model: a key with '..' is refused with the key
+    named (the store's client refuses to list it), and nothing is written."""
+    from tritonmp.storage.remote import RemoteRepository, StoredFile
+    from tritonmp.storage.stores import StoreError
+
+    store = stores("s3")
+    write_model(tmp_path / "repo", "sly", answer_py(2), X_TO_Y_CONFIG)
+    store.upload(tmp_path / "repo", "traversal")
+    store.put("traversal/sly/1/../../../../escaped.txt", b"outside")
+    mount = tmp_path / "mount" / "inner"
+    server = start_server([store.uri("traversal")], wait=False,
+                          env={**store.env, "TRITON_AWS_MOUNT_DIRECTORY": str(mount)})
+    wait_for(lambda: server.proc.poll() is not None, 60, "the server to stop")
+    assert server.proc.returncode == 1
+    assert "cannot list the repository" in server.log() and "sly/1/../../../../escaped.txt" in server.log()
+    assert not list(tmp_path.rglob("escaped.txt"))
+    # and where a listing gave such a path, the copy refuses it before writing
+    with pytest.raises(StoreError, match="not inside its model's folder"):
+        StoredFile("1/../../escaped.txt", 7, "tag").copy_to(RemoteRepository(store.uri("traversal")), "sly",
+                                                           str(tmp_path / "copy" / "sly"))
+    assert not list(tmp_path.rglob("escaped.txt"))

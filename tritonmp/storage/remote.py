@@ -30,7 +30,11 @@ class StoredFile:
         (the key of a folder and a '/', which tools write for an empty folder, such as an ensemble's
         version folder; listings give it without its '/'): where no object has the key as listed, the
         copy has the folder."""
-        key, local = repo.location.key(model, self.path), os.path.join(model_dir, *self.path.split("/"))
+        parts = self.path.split("/")
+        key = repo.location.key(model, self.path)
+        if any(p in ("", ".", "..") or "\0" in p for p in parts):  # a key that would leave the model's folder
+            raise StoreError(f"object '{key}' has a path that is not inside its model's folder")
+        local = os.path.join(model_dir, *parts)
         if self.size == 0 and not repo.exists(key):
             os.makedirs(local, exist_ok=True)
         else:
