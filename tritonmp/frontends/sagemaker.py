@@ -58,7 +58,6 @@ class SagemakerApp:
         self.default_model = default_model
         self.inference_type = inference_type
         self.loaded: dict[str, str] = {}
-        self._repositories: dict[str, str] = {}  # name -> the repository registered for it
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -159,7 +158,6 @@ class SagemakerApp:
             await _send(send, _failed_status(e.message), _error(e.message), _TEXT)
             return
         self.loaded[name] = repository  # what Triton lists as the model's URL: the repository registered
-        self._repositories[name] = repository
         log.info("loaded SageMaker target model %s from %s", target, url)
         await _send(send, 200, b"", _TEXT)
 
@@ -172,8 +170,7 @@ class SagemakerApp:
         except ServerError as e:
             await _send(send, 400, _error(e.message), _TEXT)
             return
-        self.api.unregister_repository(self._repositories.pop(name))
-        del self.loaded[name]
+        self.api.unregister_repository(self.loaded.pop(name))
         await _send(send, 200, b"", _TEXT)
 
 
