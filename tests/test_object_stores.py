@@ -247,3 +247,41 @@ def test_an_object_whose_key_would_leave_its_models_folder_is_refused(stores, tm
         StoredFile("1/../../escaped.txt", 7, "tag").copy_to(RemoteRepository(store.uri("traversal")), "sly",
                                                            str(tmp_path / "copy" / "sly"))
     assert not list(tmp_path.rglob("escaped.txt"))
+
+
+def test_a_gcs_bucket_read_with_a_service_accounts_key_file(stores, tmp_path, start_server):
+    """GOOGLE_APPLICATION_CREDENTIALS naming a service account's key file (its requests signed with the
+    key), and the same file through TRITON_CLOUD_CREDENTIAL_PATH's "gs" entries."""
+    import json
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    store = stores("gs")
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    account = tmp_path / "service-account.json"
+    account.write_text(json.dumps({"type": "service_account", "project_id": "tritonmp", "private_key_id": "k1",
+                                   "private_key": pem, "client_email": "serving@tritonmp.iam.gserviceaccount.com",
+                                   "client_id": "1", "token_uri": "https://oauth2.googleapis.com/token"}))
+    write_model(tmp_path / "repo", "signed", answer_py(4), X_TO_Y_CONFIG)
+    store.upload(tmp_path / "repo", "signed")
+    server = start_server([store.uri("signed")], env={**store.env, "GOOGLE_APPLICATION_CREDENTIALS": str(account)})
+    assert y_of(server.url, "signed") == 4.0
+    credentials = tmp_path / "credentials.json"
+    credentials.write_text(json.dumps({"gs": {"gs://nothing-like-it": "/nowhere.json",
+                                              f"gs://{object_stores.BUCKET}/signed": str(account)}}))
+    server = start_server([store.uri("signed")], env={**store.env, "TRITON_CLOUD_CREDENTIAL_PATH": str(credentials)})
+    assert y_of(server.url, "signed") == 4.0
+    # the files are what the server reads: a broken key, and a credential file with no entry for the
+    # bucket, each stop it with the reason
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({**json.loads(account.read_text()), "private_key": "not a key"}))
+    unmatched = tmp_path / "unmatched.json"
+    unmatched.write_text(json.dumps({"gs": {"gs://another-bucket": str(account)}}))
+    for env, words in (({"GOOGLE_APPLICATION_CREDENTIALS": str(broken)}, "GCS bucket 'models'"),
+                       ({"TRITON_CLOUD_CREDENTIAL_PATH": str(unmatched)}, "Cannot match credential for path")):
+        refused = start_server([store.uri("signed")], wait=False, env={**store.env, **env})
+        wait_for(lambda s=refused: s.proc.poll() is not None, 60, "the server to stop")
+        assert refused.proc.returncode == 1 and words in refused.log(), refused.log()
