@@ -693,3 +693,21 @@ def test_frontend_options_they_cannot_honour_are_refused(server):
     with pytest.raises(tritonserver.UnavailableError, match="not started"):
         unstarted = tritonserver.Server()
         tritonfrontend.KServeHttp(unstarted, tritonfrontend.KServeHttp.Options(port=free_ports(1)[0])).start()
+
+
+def test_a_repository_registered_while_serving_serves_its_folders_under_the_names_given(server, tmp_path):
+    """Server.register_model_repository, as Triton's: a folder served under the name the mapping gives
+    (its config's name yields to it), loaded and answered; unregistered, it is gone from the index."""
+    extra = tmp_path / "extra"
+    write_model(extra, "folder", ECHO, 'name: "folder"\nbackend: "python"\nmax_batch_size: 0\n'
+                'input [ { name: "X", data_type: TYPE_STRING, dims: [ -1 ] } ]\n'
+                'output [ { name: "Y", data_type: TYPE_STRING, dims: [ -1 ] } ]\n')
+    server.register_model_repository(str(extra), {"folder": "renamed"})
+    with pytest.raises(tritonserver.AlreadyExistsError, match="has already been registered"):
+        server.register_model_repository(str(extra), {})
+    server.load("renamed")
+    (response,) = list(server.model("renamed").infer(inputs={"X": np.array(["hi"], dtype=np.object_)}))
+    assert response.outputs["Y"].to_string_array().tolist() == ["hi"]
+    server.unload("renamed", wait_until_unloaded=True)
+    server.unregister_model_repository(str(extra))
+    assert not [key for key in server.models() if key[0] == "renamed"]

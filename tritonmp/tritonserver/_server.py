@@ -23,6 +23,8 @@ from ..observability.log_settings import LogSettings
 from ..scheduling.response_cache import ResponseCache
 from ..server_api import ServerApi
 from ..settings import DEFAULTS, ServerSettings, SettingsError
+from ..storage.locations import is_remote
+from ..storage.remote import repository_problem
 from ._engine import Engine
 from ._errors import InternalError, InvalidArgumentError, UnavailableError, UnsupportedError, from_server_error
 from ._model import Model
@@ -311,12 +313,12 @@ class Server:
         self._await(self._check_started().poll)
 
     def register_model_repository(self, repository_path: str, name_mapping: dict | None = None) -> None:
-        raise UnsupportedError("registering a model repository on a running server is not supported by this "
-                               "server; give every repository in Options.model_repository")
+        """Serve the models of another local repository (explicit model control), its folders named in
+        `name_mapping` (folder -> model name) under those names."""
+        self._call(self._api().register_repository, os.path.abspath(repository_path), dict(name_mapping or {}))
 
     def unregister_model_repository(self, repository_path: str) -> None:
-        raise UnsupportedError("unregistering a model repository on a running server is not supported by this "
-                               "server")
+        self._call(self._api().unregister_repository, os.path.abspath(repository_path))
 
     # -- options ---------------------------------------------------------------------------
     @staticmethod
@@ -333,8 +335,11 @@ class Server:
         if not isinstance(repos, list) or not all(isinstance(r, str) for r in repos):
             raise TypeError("Options.model_repository must be a str or a list of str")
         for repo in repos:
-            if not os.path.isdir(repo):
+            if not is_remote(repo) and not os.path.isdir(repo):
                 raise InternalError(f"failed to stat file {repo}")
+            problem = repository_problem(repo) if is_remote(repo) else ""
+            if problem:
+                raise InternalError(problem)
         for name in _WITHOUT_COUNTERPART:
             if getattr(options, name) != getattr(_DEFAULTS, name):
                 raise UnsupportedError(f"Options.{name} has no counterpart in this server; leave it at its default")
@@ -358,7 +363,8 @@ class Server:
         control = {ModelControlMode.NONE: "none", ModelControlMode.POLL: "poll",
                    ModelControlMode.EXPLICIT: "explicit"}[ModelControlMode(options.model_control_mode)]
         settings = ServerSettings(
-            list(repos), auto_complete=not options.strict_model_config, default_max_batch_sizes=defaults,
+            [r if is_remote(r) else os.path.abspath(r) for r in repos], auto_complete=not options.strict_model_config,
+            default_max_batch_sizes=defaults,
             log_verbose=options.log_verbose, model_control=control, server_id=options.server_id,
             strict_readiness=options.strict_readiness, exit_on_error=options.exit_on_error,
             exit_timeout=float(options.exit_timeout),
