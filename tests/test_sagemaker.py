@@ -233,3 +233,19 @@ def test_the_serve_entry_starts_the_server_as_sagemaker_starts_a_container(tmp_p
         done = subprocess.run([sys.executable, "-m", "tritonmp.sagemaker_serve", "--model-dir", str(repo)],
                               capture_output=True, text=True, env=dict(os.environ, **environ), timeout=60)
         assert done.returncode == 1 and words in done.stdout, done.stdout + done.stderr
+
+
+def test_the_multi_model_routes_are_in_the_model_repository_group_of_restricted_apis(start_server, tmp_path):
+    port = free_port()
+    server = start_server([sagemaker_repo(tmp_path)], "--model-control-mode=explicit", "--load-model=add_py",
+                          "--allow-sagemaker=true", f"--sagemaker-port={port}",
+                          "--http-restricted-api=model-repository:X-SM-Auth=secret",
+                          env={"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "add_py"})
+    server.sagemaker_port = port
+    folder = mme_folder(tmp_path)
+    load = {"model_name": "m", "url": str(folder)}
+    assert call(server, "GET", "/models")[0] == 403
+    assert call(server, "POST", "/models", load)[0] == 403
+    assert call(server, "POST", "/models", load, {"X-SM-Auth": "secret"})[0] == 200
+    assert json.loads(call(server, "GET", "/models", None, {"X-SM-Auth": "secret"})[2])["models"][0]["modelName"] == "m"
+    assert call(server, "POST", "/invocations", ADD)[0] == 200  # inference is not in the group
