@@ -11,7 +11,7 @@ import time
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import TRITONMP
+from conftest import TRITONMP, X_TO_Y_CONFIG, write_model
 from hostile_clients import h2frame
 from make_example_repo import binary_op_model, write
 
@@ -236,3 +236,65 @@ def test_every_triton_flag_reads_its_values_as_triton_does():
     args = cli.serve_parser().parse_args(["--model-repository", "/m", "--model-control-mode=POLL", "--log-verbose=true",
                                           "--allow-http=On", "--http-port=8000.5"])
     assert (args.model_control_mode, args.log_verbose, args.allow_http, args.http_port) == ("poll", 1, True, 8000)
+
+
+SLOW_INIT_PY = """
+import os, time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        with open({log!r}, "a") as f:
+            f.write(f"start {{time.monotonic()}}\\n")
+        time.sleep(0.6)
+        with open({log!r}, "a") as f:
+            f.write(f"end {{time.monotonic()}}\\n")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+                for r in requests]
+"""
+
+FAILS_ONCE_PY = """
+import os
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if not os.path.exists({marker!r}):
+            open({marker!r}, "w").close()
+            raise RuntimeError("the first load of this model fails")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+                for r in requests]
+"""
+
+def _most_at_once(log) -> int:
+    events = sorted((float(t), 1 if kind == "start" else -1)
+                    for kind, t in (line.split() for line in log.read_text().splitlines()))
+    running = most = 0
+    for _, change in events:
+        running += change
+        most = max(most, running)
+    return most
+
+
+def test_model_load_thread_count_bounds_the_models_loading_at_once(start_server, tmp_path):
+    for count in (1, 3):
+        repo, log = tmp_path / f"repo{count}", tmp_path / f"loads{count}.txt"
+        for name in ("a", "b", "c"):
+            write_model(repo, name, SLOW_INIT_PY.format(log=str(log)), X_TO_Y_CONFIG)
+        start_server([repo], f"--model-load-thread-count={count}")
+        assert _most_at_once(log) == count, log.read_text()
+
+
+def test_model_load_retry_count_tries_a_failed_load_again(start_server, tmp_path):
+    for retries, ready in ((0, False), (1, True)):
+        repo = tmp_path / f"repo{retries}"
+        write_model(repo, "flaky", FAILS_ONCE_PY.format(marker=str(tmp_path / f"marker{retries}")),
+                    X_TO_Y_CONFIG)
+        server = start_server([repo], f"--model-load-retry-count={retries}", "--exit-on-error=false",
+                              "--strict-readiness=false")
+        assert httpclient.InferenceServerClient(server.url).is_model_ready("flaky") is ready, server.log()
+        assert ("trying again (1 of 1)" in server.log()) is ready

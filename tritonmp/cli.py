@@ -23,6 +23,7 @@ _bool = triton_flags.parse_bool
 
 # the flag of each setting that a rule between settings names (ServerSettings.check)
 FLAGS = {"load_models": "--load-model", "model_control": "--model-control-mode", "load_on_demand": "--load-on-demand",
+         "load_threads": "--model-load-thread-count", "load_retries": "--model-load-retry-count",
          "max_resident_models": "--max-resident-models", "max_resident_memory_bytes": "--max-resident-memory-mb"}
 
 
@@ -244,7 +245,8 @@ def serve(argv: list[str]) -> int:
         busy_poll_us=args.busy_poll_us, heap_retain_bytes=args.worker_heap_retain_mb << 20,
         worker_start=args.worker_start, load_on_demand=args.load_on_demand,
         max_resident_models=args.max_resident_models, max_resident_memory_bytes=args.max_resident_memory_mb << 20,
-        load_on_demand_wait=args.load_on_demand_timeout_secs,
+        load_on_demand_wait=args.load_on_demand_timeout_secs, load_threads=args.model_load_thread_count,
+        load_retries=args.model_load_retry_count,
         model_control=args.model_control_mode, load_models=args.load_model, poll_secs=args.repository_poll_secs,
         server_id=args.id, strict_readiness=args.strict_readiness, allow_client_shm=args.allow_client_shm,
         exit_on_error=args.exit_on_error, exit_timeout=args.exit_timeout_secs,

@@ -29,6 +29,8 @@ class ServerSettings:
     log_verbose: int = 0
     execution_timeout: float = 0.0  # a batch that runs longer kills its worker (0: no limit)
     load_timeout: float = 600.0  # a model not loaded after this long fails its load (0: no limit)
+    load_threads: int = 4  # --model-load-thread-count: models loading at once (an ensemble's own step waits for none)
+    load_retries: int = 0  # --model-load-retry-count: a failed load is tried again this many times
     busy_poll_us: int = DEFAULT_BUSY_POLL_US  # the loop polls this long after a batch
     heap_retain_bytes: int = 1 << 30  # --worker-heap-retain-mb: freed memory a worker keeps for reuse
     worker_start: str = "fork"  # --worker-start: "fork" from a template per backend, or "exec" each
@@ -61,6 +63,10 @@ class ServerSettings:
         if self.load_on_demand and self.model_control == "poll":
             raise SettingsError(f"{name('load_on_demand')} works with {name('model_control')} none or explicit: "
                                 "polling would load every model it finds changed")
+        if self.load_threads < 1:
+            raise SettingsError(f"{name('load_threads')} must be at least 1")
+        if self.load_retries < 0:
+            raise SettingsError(f"{name('load_retries')} must not be negative")
         if (self.max_resident_models or self.max_resident_memory_bytes) and not self.load_on_demand:
             raise SettingsError(f"{name('max_resident_models')} and {name('max_resident_memory_bytes')} need "
                                 f"{name('load_on_demand')}")

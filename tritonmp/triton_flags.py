@@ -14,8 +14,6 @@ from .settings import DEFAULTS
 
 # flag -> why it means nothing in this server
 IGNORED = {
-    "--model-load-thread-count": "models load concurrently, each instance in a worker process of its own",
-    "--model-load-retry-count": "a failed load is reported at once",
     "--model-namespacing": "model names are global here; a name in two repositories is a load error",
     "--enable-peer-access": "CUDA peer access is the CUDA runtime's default for each worker",
     "--reuse-http-port": "the HTTP port is bound by this process alone",
@@ -69,6 +67,10 @@ def add_to(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--trace-{name}", action="append", default=[], metavar="VALUE",
                             type=parser_of(f"--trace-{name}"),
                             help=f"deprecated Triton spelling of --trace-config {name}=VALUE")
+    parser.add_argument("--model-load-thread-count", type=parse_int, default=DEFAULTS.load_threads, metavar="N",
+                        help="models loading at once (their config checks and their workers' starts)")
+    parser.add_argument("--model-load-retry-count", type=parse_int, default=DEFAULTS.load_retries, metavar="N",
+                        help="times a failed load is tried again")
     parser.add_argument("--allow-sagemaker", type=parse_bool, default=False,
                         help="serve Amazon SageMaker's endpoint (/ping, /invocations, /models)")
     parser.add_argument("--sagemaker-port", type=parse_int, default=8080)

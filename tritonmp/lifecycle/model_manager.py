@@ -85,6 +85,7 @@ class ModelManager:
         self.residency = Residency(settings.max_resident_models, settings.max_resident_memory_bytes) \
             if settings.load_on_demand else None
         self._loading: dict[str, asyncio.Task[None]] = {}  # models loading on demand
+        self._slots: asyncio.Semaphore | None = None  # see _load_slots
         # requests waiting for a model's load: it is in use until they have gone on to queue (which
         # they do in the same turn of the loop as their wait ends)
         self._waiting: dict[str, int] = {}
@@ -154,7 +155,7 @@ class ModelManager:
         async with entry.lock:
             failed: dict[int, str] = {}
             try:
-                new = await self._start_versions(name, path, config_override, failed)
+                new = await self._start_with_retries(name, path, config_override, failed)
             except ServerError as e:
                 if files_dir:
                     self.repositories.remove_copy(files_dir)
@@ -177,16 +178,38 @@ class ModelManager:
             self.residency.loaded(name, sum(pss_bytes(i.pid) for mv in entry.versions.values()
                                             for i in mv.instances() if i.pid is not None))
 
+    async def _start_with_retries(self, name: str, path: str, override: str | None,
+                                  failed: dict[int, str]) -> dict[int, ServedVersion]:
+        """`_start_versions`, tried again after a failure as many times as --model-load-retry-count says."""
+        for attempt in range(self.settings.load_retries + 1):
+            failed.clear()
+            try:
+                return await self._start_versions(name, path, override, failed)
+            except ServerError as e:
+                if attempt == self.settings.load_retries:
+                    raise
+                log.warning("load of '%s' failed (%s); trying again (%d of %d)", name, e.message, attempt + 1,
+                            self.settings.load_retries)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _load_slots(self) -> asyncio.Semaphore:
+        """The loads that may run at once (--model-load-thread-count), made on the loop that loads."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.settings.load_threads)
+        return self._slots
+
     async def _start_versions(self, name: str, path: str, override: str | None,
                               failed: dict[int, str]) -> dict[int, ServedVersion]:
         """The versions of a model, loaded and READY; else a ServerError, with each version that failed
-        to start and why in `failed`."""
+        to start and why in `failed`. Its config and its workers' starts each take one of the load
+        slots; an ensemble's versions take none (they wait for the models they compose, which do)."""
         try:
             # off the loop: completing a config may run the model's own code or framework in a
             # short-lived process (seconds, for TensorFlow), and the server serves on meanwhile
-            completed = await asyncio.to_thread(cfg.load, path, self.settings.auto_complete, override,
-                                                self.settings.default_max_batch_sizes, self.settings.config_name,
-                                                name)
+            async with self._load_slots():
+                completed = await asyncio.to_thread(cfg.load, path, self.settings.auto_complete, override,
+                                                    self.settings.default_max_batch_sizes,
+                                                    self.settings.config_name, name)
             specs = [] if completed.backend == "ensemble" else \
                 instance_specs(completed.config, self.settings.workers, self.settings.gpus, completed.backend)
         except (ConfigProblem, LoadError) as e:
@@ -198,11 +221,13 @@ class ModelManager:
         if completed.backend == "ensemble":
             for v in versions:
                 new[v] = EnsembleVersion(name, v, completed, self, self.services)
+            await asyncio.gather(*(mv.load() for mv in new.values()))
         else:
             for v in versions:
                 new[v] = ModelVersion(name, v, completed, specs, self.settings, self.services, self.busy_poll,
                                       self.templates)
-        await asyncio.gather(*(mv.load() for mv in new.values()))
+            async with self._load_slots():
+                await asyncio.gather(*(mv.load() for mv in new.values()))
         failed.update({mv.version: mv.reason for mv in new.values() if mv.state != "READY"})
         if failed:
             reasons = "".join(f"version {v} is at UNAVAILABLE state: {why};\n" for v, why in failed.items())

@@ -125,11 +125,12 @@ _TYPES = {
     "metrics": bool, "gpu_metrics": bool, "cpu_metrics": bool, "metrics_interval": int,
     "startup_models": list, "backend_configuration": dict, "cache_config": dict,
     "load_on_demand": bool, "max_resident_models": int, "max_resident_memory_mb": int,
+    "model_load_thread_count": int, "model_load_retry_count": int,
 }
 # options this server has no counterpart for: only their defaults are accepted
 _WITHOUT_COUNTERPART = ("rate_limiter_resources", "pinned_memory_pool_size", "cuda_memory_pool_sizes",
                         "cache_directory", "min_supported_compute_capability", "buffer_manager_thread_count",
-                        "model_load_retry_count", "model_namespacing", "enable_peer_access", "backend_directory",
+                        "model_namespacing", "enable_peer_access", "backend_directory",
                         "repo_agent_directory", "model_load_device_limits", "host_policies", "metrics_configuration")
 _DEFAULTS = Options()
 _live_servers: weakref.WeakSet = weakref.WeakSet()
@@ -345,8 +346,6 @@ class Server:
                 raise UnsupportedError(f"Options.{name} has no counterpart in this server; leave it at its default")
         if RateLimitMode(options.rate_limiter_mode) != RateLimitMode.OFF:
             raise UnsupportedError("Options.rate_limiter_mode: only RateLimitMode.OFF is supported by this server")
-        if options.model_load_thread_count < 1:
-            raise InvalidArgumentError("Options.model_load_thread_count must be at least 1")
         defaults: dict[str, int] = {}
         for backend, backend_settings in options.backend_configuration.items():
             for key, value in backend_settings.items():
@@ -372,7 +371,8 @@ class Server:
             metrics_interval=max(0.1, options.metrics_interval / 1000), load_on_demand=options.load_on_demand,
             max_resident_models=options.max_resident_models,
             max_resident_memory_bytes=options.max_resident_memory_mb << 20,
-            load_on_demand_wait=float(options.load_on_demand_timeout), flags=_given_options(options))
+            load_on_demand_wait=float(options.load_on_demand_timeout), load_threads=options.model_load_thread_count,
+            load_retries=options.model_load_retry_count, flags=_given_options(options))
         try:
             settings.check(lambda name: _OPTIONS.get(name, f"Options.{name}"))
         except SettingsError as e:
@@ -382,6 +382,7 @@ class Server:
 
 # the Options attribute of each setting that a rule between settings names (ServerSettings.check)
 _OPTIONS = {"model_control": "Options.model_control_mode", "load_models": "Options.startup_models",
+            "load_threads": "Options.model_load_thread_count", "load_retries": "Options.model_load_retry_count",
             "max_resident_memory_bytes": "Options.max_resident_memory_mb"}
 
 
