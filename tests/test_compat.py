@@ -1142,3 +1142,29 @@ def test_vertex_ai_endpoint_answers_as_tritons(tmp_path, monkeypatch):
                 answers[who].append((method, path, headers.get(REDIRECT, ""), status, kind, data))
     differ = [(a, b) for a, b in zip(answers["ours"], answers["ref"]) if a != b]
     assert not differ, "\n".join(f"ours {a}\nref  {b}" for a, b in differ)
+
+
+def test_infer_response_compression_levels_match(tmp_path):
+    """--grpc-infer-response-compression-level: for each level and each set of encodings a client
+    accepts, both servers name the same grpc-encoding (or none), compress the infer response's message or
+    not alike, and leave other responses uncompressed."""
+    from test_grpc_wire import _raw_infer
+    from tritonclient.grpc import service_pb2 as pb
+
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE_REPO / "add_py", repo / "add_py")
+    request = pb.ModelInferRequest(model_name="add_py")
+    for name in "AB":
+        request.inputs.add(name=name, datatype="FP32", shape=[8, 3])
+        request.raw_input_contents.append(np.zeros(24, np.float32).tobytes())
+    payload = request.SerializeToString()
+    answers: dict[str, list] = {"ours": [], "ref": []}
+    for level in ("none", "low", "medium", "high"):
+        with both_serving(repo, tmp_path, ("--load-model=add_py", f"--grpc-infer-response-compression-level={level}")
+                          ) as (ours, ref):
+            for who, server in (("ours", ours), ("ref", ref)):
+                for accept in ("identity,deflate,gzip", "identity,gzip", "identity,deflate", "identity"):
+                    head, frame = _raw_infer(server.grpc_port, payload, accept)
+                    _, other = _raw_infer(server.grpc_port, b"", accept, "ServerMetadata")
+                    answers[who].append((level, accept, head.get("grpc-encoding"), frame[0], other[0]))
+    assert answers["ours"] == answers["ref"]

@@ -265,3 +265,56 @@ def test_sigterm_lets_a_grpc_call_in_flight_finish(start_server, echo_repo, engi
 
 def _inflight(server) -> float:
     return scrape_metrics(server).get('tritonmp_inflight_requests{model="echo",version="1"}', 0)
+
+
+def _raw_infer(port: int, request: bytes, accept: str, method: str = "ModelInfer") -> tuple[dict, bytes]:
+    """One call as a client that accepts `accept` sends it: the response's headers and its message frame."""
+    headers = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", SERVICE + method),
+                                      (":authority", "localhost"), ("content-type", "application/grpc"),
+                                      ("te", "trailers"), ("grpc-accept-encoding", accept)])
+    message = b"\x00" + len(request).to_bytes(4, "big") + request
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2frame(4, 0, 0) + h2frame(1, 4, 1, headers)
+                  + h2frame(0, 1, 1, message))
+        frames = _read_frames(s, lambda fs: any(kind == 1 and flags & 1 for kind, flags, _ in fs))
+    decoder = hpack.Decoder()
+    blocks = [dict(decoder.decode(payload)) for kind, _, payload in frames if kind == 1]
+    data = b"".join(payload for kind, _, payload in frames if kind == 0)
+    return blocks[0], data
+
+
+@pytest.mark.parametrize("engine", ["builtin", "grpcio"])
+def test_infer_responses_are_compressed_at_the_level_asked_for(start_server, echo_repo, engine):
+    """--grpc-infer-response-compression-level, as gRPC picks the algorithm: of gzip and deflate those the
+    client accepts, the first for low, the middle for medium, the last for high; infer responses only;
+    a message that compression would not shrink goes as it is; tritonclient reads them all."""
+    import gzip
+    import zlib
+
+    request = pb.ModelInferRequest(model_name="echo")
+    request.inputs.add(name="X", datatype="FP32", shape=[2048])
+    request.raw_input_contents.append(np.zeros(2048, np.float32).tobytes())
+    payload = request.SerializeToString()
+    for level, accept, want in (("high", "identity,deflate,gzip", "deflate"), ("medium", "identity,deflate,gzip",
+                                                                                 "deflate"),
+                                ("low", "identity,deflate,gzip", "gzip"), ("high", "identity,gzip", "gzip"),
+                                ("high", "identity", None), ("none", "identity,deflate,gzip", None)):
+        if engine == "grpcio" and (accept != "identity,deflate,gzip" or level == "medium"):
+            continue  # grpc's core negotiates these itself; the built-in engine is checked for each
+        server = start_server([echo_repo], f"--grpc-engine={engine}",
+                              f"--grpc-infer-response-compression-level={level}")
+        head, data = _raw_infer(server.grpc_port, payload, accept)
+        assert head.get("grpc-encoding") == want, (level, accept, head)
+        if want is None:
+            assert data[0] == 0
+        else:
+            assert data[0] == 1 and len(data) < 2048, (level, data[:5])
+            body = data[5:5 + int.from_bytes(data[1:5], "big")]
+            unpacked = gzip.decompress(body) if want == "gzip" else zlib.decompress(body)
+            assert pb.ModelInferResponse.FromString(unpacked).raw_output_contents[0] == bytes(4 * 2048)
+        metadata, frame = _raw_infer(server.grpc_port, b"", accept, "ServerMetadata")
+        assert frame[0] == 0  # only infer responses are compressed
+        assert engine == "grpcio" or "grpc-encoding" not in metadata  # grpc.aio names its algorithm on every call
+        result = grpcclient.InferenceServerClient(server.grpc_url).infer("echo", _x(grpcclient, np.ones(8, np.float32)))
+        assert result.as_numpy("Y").tolist() == [1.0] * 8
+        server.close()

@@ -301,7 +301,8 @@ def serve(argv: list[str]) -> int:
                 args.grpc_address, args.grpc_port, tls, keepalive, restrictions=grpc_restrictions or None,
                 header_forward=compile_pattern(args.grpc_header_forward_pattern, "--grpc-header-forward-pattern"),
                 max_input_size=args.grpc_max_input_size, max_connections=args.max_connections,
-                engine=args.grpc_engine, grpcio_options=grpcio_options)))
+                engine=args.grpc_engine, grpcio_options=grpcio_options,
+                response_compression=args.grpc_infer_response_compression_level)))
         check_ports([(service, address, port, allowed) for allowed_flag, service, address, port, allowed in (
             (args.allow_http, "HTTP", args.http_address, args.http_port, None),
             (args.allow_grpc, "GRPC", args.grpc_address, args.grpc_port, None),

@@ -20,7 +20,6 @@ IGNORED = {
     "--reuse-grpc-port": "the gRPC port is bound by this process alone",
     "--http-thread-count": "HTTP is served by the frontend's event loop, not a thread pool",
     "--grpc-infer-allocation-pool-size": "gRPC responses are not pooled",
-    "--grpc-infer-response-compression-level": "responses are sent uncompressed",
     "--grpc-http2-max-pings-without-data": "it limits the pings a server sends with no data; the built-in engine "
                                            "pings only for keepalive (it applies with --grpc-engine grpcio)",
     "--sagemaker-thread-count": "SageMaker's requests are served by the frontend's event loop, not a thread pool",
@@ -71,6 +70,10 @@ def add_to(parser: argparse.ArgumentParser) -> None:
                         help="models loading at once (their config checks and their workers' starts)")
     parser.add_argument("--model-load-retry-count", type=parse_int, default=DEFAULTS.load_retries, metavar="N",
                         help="times a failed load is tried again")
+    parser.add_argument("--grpc-infer-response-compression-level", type=parse_mode, default="none",
+                        choices=("none", "low", "medium", "high"),
+                        help="compress infer responses with gzip or deflate, as gRPC picks them for the level among "
+                             "those the client accepts")
     parser.add_argument("--allow-sagemaker", type=parse_bool, default=False,
                         help="serve Amazon SageMaker's endpoint (/ping, /invocations, /models)")
     parser.add_argument("--sagemaker-port", type=parse_int, default=8080)

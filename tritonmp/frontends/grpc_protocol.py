@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import enum
+import gzip
 import ssl
 import sys
 import zlib
@@ -68,11 +69,41 @@ class Method:
     # returns a future, `finish(future)` the response once it is done; both fail with RpcError
     start: Callable[..., asyncio.Future] | None = None
     finish: Callable | None = None
+    compressible: bool = False  # its responses are compressed at --grpc-infer-response-compression-level
 
 
 ACCEPT_ENCODING = b"identity,deflate,gzip"
 RESPONSE_HEADERS = http2.header_block([(b":status", b"200"), (b"content-type", b"application/grpc"),
                                        (b"grpc-accept-encoding", ACCEPT_ENCODING)])
+# --grpc-infer-response-compression-level: gRPC's order of its algorithms, and the response head of each
+COMPRESSION_LEVELS = ("none", "low", "medium", "high")
+_RANKING = (b"gzip", b"deflate")
+_ENCODED_HEADERS = {encoding: http2.header_block([(b":status", b"200"), (b"content-type", b"application/grpc"),
+                                                  (b"grpc-encoding", encoding),
+                                                  (b"grpc-accept-encoding", ACCEPT_ENCODING)])
+                    for encoding in _RANKING}
+
+
+def response_encoding(level: str, accepted: bytes) -> bytes:
+    """How an infer response is compressed at `level`, as gRPC chooses it: of gzip and deflate (in that
+    order) those the client accepts (grpc-accept-encoding), the first for low, the middle one for
+    medium, the last for high; b"" (none) for level none or a client that accepts neither."""
+    if level == "none":
+        return b""
+    offered = {a.strip() for a in accepted.split(b",")}
+    supported = [a for a in _RANKING if a in offered]
+    if not supported:
+        return b""
+    return supported[{"low": 0, "medium": len(supported) // 2, "high": len(supported) - 1}[level]]
+
+
+def _compressed_frame(payload, encoding: bytes) -> bytes:
+    """A message frame compressed with `encoding` (gzip, or deflate: zlib's format), or the message as it
+    is where compressing does not make it smaller (its flag says which)."""
+    packed = gzip.compress(payload, mtime=0) if encoding == b"gzip" else zlib.compress(payload)
+    if len(packed) < len(payload):
+        return b"\x01" + len(packed).to_bytes(4, "big") + packed
+    return b"\x00" + len(payload).to_bytes(4, "big") + bytes(payload)
 OK_TRAILERS = http2.header_block([(b"grpc-status", b"0")])
 _END = object()
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
@@ -139,9 +170,11 @@ class _Call(http2.StreamHandler):
     """One RPC on one HTTP/2 stream."""
 
     __slots__ = ("conn", "stream", "method", "head", "body", "filled", "compressed", "received", "messages", "task",
-                 "encoding", "timeout", "headers_sent", "max_message", "refused", "future")
+                 "encoding", "timeout", "headers_sent", "max_message", "refused", "future", "response_encoding",
+                 "response_headers")
 
-    def __init__(self, conn: http2.Connection, stream: http2.Stream, method: Method, max_message: int = (1 << 31) - 1):
+    def __init__(self, conn: http2.Connection, stream: http2.Stream, method: Method, max_message: int = (1 << 31) - 1,
+                 compression: str = "none"):
         self.max_message = max_message
         self.refused = False  # a message over the limit was announced: the rest of the call is dropped
         self.conn = conn
@@ -156,6 +189,10 @@ class _Call(http2.StreamHandler):
         self.task: asyncio.Task | None = None
         self.future: asyncio.Future | None = None  # a call answered from its done-callback
         self.encoding = stream.headers.get(b"grpc-encoding", b"identity")
+        self.response_encoding = response_encoding(compression, stream.headers.get(b"grpc-accept-encoding", b"")) \
+            if method.compressible else b""
+        self.response_headers = _ENCODED_HEADERS[self.response_encoding] if self.response_encoding \
+            else RESPONSE_HEADERS
         self.timeout = _deadline(stream.headers.get(b"grpc-timeout"))
         self.headers_sent = False
         if method.streaming:
@@ -287,12 +324,21 @@ class _Call(http2.StreamHandler):
         finish = self.method.finish
         assert finish is not None  # a method with start has finish
         try:
-            data = self._frame(finish(future))
+            message = finish(future)
+            if self.response_encoding:  # compressed off the loop
+                self.task = self.conn.loop.create_task(self._run(self._send_message, message))
+                return
+            data = self._frame(message)
         except Exception as e:  # noqa: BLE001
             self._failed(e)
             return
         if not self._send_now(data):
             self.task = self.conn.loop.create_task(self._run(self._send_rest, data))
+
+    async def _send_message(self, message) -> None:
+        data = await self._encoded(message)
+        if not self._send_now(data):
+            await self._send_rest(data)
 
     def _failed(self, error: BaseException) -> None:
         """End the call with the status of what it failed with: an RpcError's own, or INTERNAL (logged)."""
@@ -336,14 +382,22 @@ class _Call(http2.StreamHandler):
         self.conn.send_headers(self.stream, status_block(code, message, trailers_only=not self.headers_sent),
                                end_stream=True)
 
-    @staticmethod
-    def _frame(message) -> bytes | list:
+    def _frame(self, message) -> bytes | list:
         """The gRPC message frame: bytes; or, for a message given in wire parts (large tensors), the
-        list of its parts behind the 5-byte prefix, to be written as they are."""
+        list of its parts behind the 5-byte prefix, to be written as they are. Compressed where the
+        call's responses are."""
         if isinstance(message, WireResponse):
-            return [b"\x00" + message.nbytes.to_bytes(4, "big"), *message.parts]
+            if not self.response_encoding:
+                return [b"\x00" + message.nbytes.to_bytes(4, "big"), *message.parts]
+            return _compressed_frame(b"".join(message.parts), self.response_encoding)
         payload = message.SerializeToString()
+        if self.response_encoding:
+            return _compressed_frame(payload, self.response_encoding)
         return b"\x00" + len(payload).to_bytes(4, "big") + payload
+
+    async def _encoded(self, message) -> bytes | list:
+        """`_frame`, compressing on a thread of its own."""
+        return await asyncio.to_thread(self._frame, message) if self.response_encoding else self._frame(message)
 
     async def _send(self, data: bytes | list) -> None:
         conn, stream = self.conn, self.stream
@@ -370,18 +424,19 @@ class _Call(http2.StreamHandler):
 
     async def _unary(self, request) -> None:
         CALL_METADATA.set(self.stream.headers)  # in the call's own task
-        data = self._frame(await cast(Awaitable, self.method.handler(await self._message(request))))
+        data = await self._encoded(await cast(Awaitable, self.method.handler(await self._message(request))))
         if not self._send_now(data):
             await self._send_rest(data)
 
     def _send_now(self, data: bytes | list) -> bool:
         """Send the whole response, headers to trailers, if the flow-control windows take it now."""
-        return not isinstance(data, list) and self.conn.try_send_all(self.stream, RESPONSE_HEADERS, data, OK_TRAILERS)
+        return not isinstance(data, list) and self.conn.try_send_all(self.stream, self.response_headers, data,
+                                                                      OK_TRAILERS)
 
     async def _send_rest(self, data: bytes | list) -> None:
         """Send the response as the windows open."""
         conn, stream = self.conn, self.stream
-        conn.send_headers(stream, RESPONSE_HEADERS)
+        conn.send_headers(stream, self.response_headers)
         self.headers_sent = True
         await self._send(data)
         conn.send_headers(stream, OK_TRAILERS, end_stream=True)
@@ -402,9 +457,9 @@ class _Call(http2.StreamHandler):
         CALL_METADATA.set(stream.headers)
         async for response in self.method.handler(self._requests()):
             if not self.headers_sent:
-                conn.send_headers(stream, RESPONSE_HEADERS)
+                conn.send_headers(stream, self.response_headers)
                 self.headers_sent = True
-            await self._send(self._frame(response))
+            await self._send(await self._encoded(response))
         if self.headers_sent:
             conn.send_headers(stream, OK_TRAILERS, end_stream=True)
         else:
@@ -415,7 +470,7 @@ class GrpcServer:
     """Serves `methods` (full paths such as `/inference.GRPCInferenceService/ModelInfer`)."""
 
     def __init__(self, methods: dict[str, Method], keepalive: http2.Keepalive | None = None, guard=None,
-                 max_message: int = (1 << 31) - 1, max_connections: int = 0):
+                 max_message: int = (1 << 31) - 1, max_connections: int = 0, compression: str = "none"):
         """`guard(path, headers)` may refuse a call before it runs: it returns None, or the
         RpcError to end the call with. `max_message`: the largest request message, as received
         and as inflated."""
@@ -424,6 +479,7 @@ class GrpcServer:
         self.guard = guard
         self.max_message = max_message
         self.max_connections = max_connections  # 0: no cap
+        self.compression = compression  # --grpc-infer-response-compression-level
         self.connections: set[http2.Connection] = set()
         self.server: asyncio.AbstractServer | None = None
 
@@ -448,7 +504,7 @@ class GrpcServer:
         if refusal is not None:
             conn.send_headers(stream, status_block(refusal.code, refusal.message, trailers_only=True), end_stream=True)
             return _Ignored()
-        return _Call(conn, stream, method, self.max_message)
+        return _Call(conn, stream, method, self.max_message, self.compression)
 
     def _connection(self) -> http2.Connection:
         refuse = bool(self.max_connections) and len(self.connections) >= self.max_connections

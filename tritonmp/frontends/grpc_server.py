@@ -304,11 +304,11 @@ def methods(service: InferenceService) -> dict[str, Method]:
             start, finish = service.start_infer, service.finish_infer
         table[f"/{SERVICE}/{m.name}"] = Method(getattr(pb, m.input_type.name),
                                                handler if streaming else _errors_to_status(handler), streaming, parse,
-                                               start, finish)
+                                               start, finish, m.name in ("ModelInfer", "ModelStreamInfer"))
     return table
 
 
-def _grpcio_handler(method: Method, path: str, guard=None):
+def _grpcio_handler(method: Method, path: str, guard=None, compression: str = "none"):
     """A grpc.aio method handler for one RPC: requests arrive as bytes and are parsed here, so a
     malformed one gets Triton's INTERNAL "Unable to parse request"; RpcError becomes the status."""
 
@@ -333,6 +333,8 @@ def _grpcio_handler(method: Method, path: str, guard=None):
         refusal = guard(path, context.invocation_metadata() or ()) if guard is not None else None
         if refusal is not None:
             await context.abort(grpc.StatusCode[refusal.code.name], refusal.message)
+        if compression != "none" and not method.compressible:  # the server compresses infer responses only
+            context.disable_next_message_compression()
 
     if method.streaming:
         async def requests(request_iterator):
@@ -365,10 +367,13 @@ class _GrpcioServer:
     """grpc.aio carrying the same RPCs."""
 
     def __init__(self, table: dict[str, Method], options: list | None = None, guard=None,
-                 max_input_size: int = DEFAULT_MAX_INPUT_SIZE):
+                 max_input_size: int = DEFAULT_MAX_INPUT_SIZE, compression: str = "none"):
         limits = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", max_input_size)]
-        self.server = grpc.aio.server(options=limits + list(options or []))
-        handlers = {path.rsplit("/", 1)[1]: _grpcio_handler(m, path, guard) for path, m in table.items()}
+        # --grpc-infer-response-compression-level: grpc.aio takes one algorithm for the server, which its core
+        # drops for a client that does not accept it (per call, grpc.aio does not apply one to unary answers)
+        algorithm = {"none": None, "low": grpc.Compression.Gzip}.get(compression, grpc.Compression.Deflate)
+        self.server = grpc.aio.server(options=limits + list(options or []), compression=algorithm)
+        handlers = {path.rsplit("/", 1)[1]: _grpcio_handler(m, path, guard, compression) for path, m in table.items()}
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
     async def start(self, address: str, port: int, tls: dict | None) -> None:
@@ -413,16 +418,16 @@ async def start(api: ServerApi, extensions: list[str], address: str, port: int,
                 tls: dict | None = None, engine: str = "builtin", keepalive: Keepalive | None = None,
                 grpcio_options: list | None = None, restrictions: Restrictions | None = None,
                 max_input_size: int = DEFAULT_MAX_INPUT_SIZE, max_connections: int = 0,
-                forward: re.Pattern | None = None):
+                forward: re.Pattern | None = None, response_compression: str = "none"):
     """A started gRPC server (with `stop(grace)`); `tls` holds server_cert, server_key, root_cert
     and mutual; `forward`: the request metadata that reaches models as infer request parameters."""
     table = methods(InferenceService(api, extensions, forward))
     guard = restriction_guard(restrictions)
     if engine == "grpcio":
-        grpcio_server = _GrpcioServer(table, grpcio_options, guard, max_input_size)
+        grpcio_server = _GrpcioServer(table, grpcio_options, guard, max_input_size, response_compression)
         await grpcio_server.start(address, port, tls)
         return grpcio_server
-    server = GrpcServer(table, keepalive, guard, max_input_size, max_connections)
+    server = GrpcServer(table, keepalive, guard, max_input_size, max_connections, response_compression)
     context = None
     if tls:
         context = server_ssl_context(tls["server_cert"], tls["server_key"], tls.get("root_cert") or None,

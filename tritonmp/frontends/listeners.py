@@ -18,6 +18,7 @@ import uvicorn
 from ..observability.system import SystemSampler
 from ..server_api import EXTENSIONS, ServerApi
 from . import grpc_server
+from .grpc_protocol import COMPRESSION_LEVELS
 from .http2 import Keepalive
 from .http_protocol import Limits, default_max_connections, protocol_class
 from .http_server import DEFAULT_MAX_INPUT_SIZE, HttpApp
@@ -65,10 +66,14 @@ class GrpcSettings:
     max_connections: int = 0  # open connections (0: half the file descriptors allowed)
     engine: str = "builtin"  # "builtin" (this server's HTTP/2) or "grpcio" (grpc.aio)
     grpcio_options: list | None = None  # grpc.aio server options, for the grpcio engine
+    response_compression: str = "none"  # --grpc-infer-response-compression-level: none, low, medium or high
 
     def __post_init__(self) -> None:
         _check_address(self.port)
         _check_max_input_size(self.max_input_size)
+        if self.response_compression not in COMPRESSION_LEVELS:
+            raise ValueError(f"--grpc-infer-response-compression-level must be one of {', '.join(COMPRESSION_LEVELS)}, "
+                             f"got '{self.response_compression}'")
         if self.engine not in ("builtin", "grpcio"):
             raise ValueError(f"engine must be 'builtin' or 'grpcio', got {self.engine!r}")
         if self.tls is not None and not (self.tls.get("server_cert") and self.tls.get("server_key")):
@@ -321,7 +326,8 @@ class GrpcListener(Listener):
         s = self.settings
         return await grpc_server.start(api, EXTENSIONS, s.address, s.port, s.tls, s.engine, s.keepalive,
                                        s.grpcio_options, s.restrictions, s.max_input_size,
-                                       s.max_connections or default_max_connections(), s.header_forward)
+                                       s.max_connections or default_max_connections(), s.header_forward,
+                                       s.response_compression)
 
     async def _stop(self, running, deadline: float) -> None:
         await running.stop(max(0.0, deadline - time.monotonic()))
