@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tritonmp"
 # Lowest first: a module imports from its own layer and those below it, never from one above.
 # Each entry is a module or a package (every module in it), as named under tritonmp.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("foundation", ["errors", "logs", "testing", "settings", "datatypes", "inference", "gpus", "backends"]),
+    ("foundation", ["errors", "logs", "testing", "settings", "datatypes", "inference", "gpus", "backends",
+                    "host_policy"]),
     ("observability", ["observability"]),
     ("model storage", ["storage"]),
     ("model configuration", ["repository"]),
@@ -39,6 +40,8 @@ LARGE = {
     "frontends/http_protocol.py": "uvicorn's HTTP/1.1 protocol with its guards and the fast infer path, which "
                                   "share the connection's state",
     "repository/config.py": "reading, auto-completing and checking config.pbtxt, in Triton's order",
+    "frontends/grpc_protocol.py": "one gRPC call's life on an HTTP/2 stream: its messages cut from the stream, "
+                                  "its deadline, and its answer, which share the call's state",
 }
 
 

@@ -13,6 +13,7 @@ from . import __version__, triton_flags
 from .frontends.header_forwarding import compile_pattern
 from .frontends.http_protocol import Limits
 from .frontends.restricted import GRPC_HEADER_PREFIX, Restrictions
+from .host_policy import parse as parse_host_policies
 from .logs import get_logger
 from .settings import DEFAULTS, ServerSettings, SettingsError
 from .storage.locations import is_remote
@@ -195,6 +196,7 @@ def serve(argv: list[str]) -> int:
         grpc_restrictions = Restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol",
                                          GRPC_HEADER_PREFIX)
         max_batch_sizes = triton_flags.default_max_batch_sizes(triton_flags.backend_settings(args.backend_config, log))
+        host_policies = parse_host_policies(args.host_policy)
         grpcio_options = triton_flags.grpcio_options(args)
     except ValueError as e:
         log.error("%s", e)
@@ -240,7 +242,7 @@ def serve(argv: list[str]) -> int:
     settings = ServerSettings(
         repositories=[r if is_remote(r) else os.path.abspath(r) for r in args.model_repository], workers=args.workers,
         auto_complete=auto_complete, default_max_batch_sizes=max_batch_sizes, config_name=args.model_config_name,
-        gpus=visible_gpus(), arena_bytes=args.arena_mb << 20, log_verbose=args.log_verbose,
+        gpus=visible_gpus(), host_policies=host_policies, arena_bytes=args.arena_mb << 20, log_verbose=args.log_verbose,
         execution_timeout=args.execution_timeout_secs, load_timeout=args.model_load_timeout_secs,
         busy_poll_us=args.busy_poll_us, heap_retain_bytes=args.worker_heap_retain_mb << 20,
         worker_start=args.worker_start, load_on_demand=args.load_on_demand,

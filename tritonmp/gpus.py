@@ -41,3 +41,21 @@ def visible_gpus() -> list[int]:
             break  # CUDA stops at the first entry it cannot use
         out.append(int(part))
     return out
+
+
+def numa_node(index: int) -> int:
+    """The NUMA node GPU `index` hangs from (its PCI device's, as the kernel lists it); -1 where NVML or
+    the kernel does not tell."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            bus = pynvml.nvmlDeviceGetPciInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).busId
+        finally:
+            pynvml.nvmlShutdown()
+        bus = (bus.decode() if isinstance(bus, bytes) else bus).lower()
+        with open(f"/sys/bus/pci/devices/{bus[-12:]}/numa_node", encoding="ascii") as f:
+            return int(f.read().strip())
+    except Exception:
+        return -1

@@ -25,6 +25,8 @@ class ServerSettings:
     default_max_batch_sizes: dict[str, int] = field(default_factory=dict)
     config_name: str = ""  # --model-config-name: read configs/NAME.pbtxt where a model has one
     gpus: list[int] = field(default_factory=list)  # the GPUs this server may use
+    # --host-policy: policy name -> its settings (numa-node, cpu-cores), where instances' workers run
+    host_policies: dict[str, dict[str, str]] = field(default_factory=dict)
     arena_bytes: int = 64 << 20  # each worker's input and output arena
     log_verbose: int = 0
     execution_timeout: float = 0.0  # a batch that runs longer kills its worker (0: no limit)

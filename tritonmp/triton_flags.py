@@ -35,7 +35,6 @@ IGNORED = {
     "--cuda-virtual-address-size": "each GPU worker allocates through its framework",
     "--min-supported-compute-capability": "each framework checks its GPU itself",
     "--buffer-manager-thread-count": "there is no buffer manager",
-    "--host-policy": "workers are not pinned to NUMA nodes",
     "--model-load-gpu-limit": "GPU memory is not budgeted per load",
 }
 # --backend-config settings this server honours, per backend ("" for every backend)
@@ -74,6 +73,9 @@ def add_to(parser: argparse.ArgumentParser) -> None:
                         choices=("none", "low", "medium", "high"),
                         help="compress infer responses with gzip or deflate, as gRPC picks them for the level among "
                              "those the client accepts")
+    parser.add_argument("--host-policy", action="append", default=[], metavar="NAME,SETTING=VALUE",
+                        help="where the workers of instances under policy NAME run: numa-node=N, cpu-cores=0-3,8 "
+                             "(an instance group's host_policy names it; else gpu_<device>, cpu or model)")
     parser.add_argument("--allow-sagemaker", type=parse_bool, default=False,
                         help="serve Amazon SageMaker's endpoint (/ping, /invocations, /models)")
     parser.add_argument("--sagemaker-port", type=parse_int, default=8080)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import enum
-import gzip
 import ssl
 import sys
 import zlib
@@ -24,7 +23,7 @@ from typing import Any, cast
 from ..ipc.buffers import RECEIVE_POOL
 from ..logs import get_logger
 from . import http2
-from .grpc_codec import WireResponse
+from .grpc_compression import ACCEPT_ENCODING, ENCODED_HEADERS, frame, response_encoding
 from .inflate import TooLarge, inflate
 from .protobuf_framing import NotAMessage, ProtobufFraming, TooLong
 
@@ -72,38 +71,8 @@ class Method:
     compressible: bool = False  # its responses are compressed at --grpc-infer-response-compression-level
 
 
-ACCEPT_ENCODING = b"identity,deflate,gzip"
 RESPONSE_HEADERS = http2.header_block([(b":status", b"200"), (b"content-type", b"application/grpc"),
                                        (b"grpc-accept-encoding", ACCEPT_ENCODING)])
-# --grpc-infer-response-compression-level: gRPC's order of its algorithms, and the response head of each
-COMPRESSION_LEVELS = ("none", "low", "medium", "high")
-_RANKING = (b"gzip", b"deflate")
-_ENCODED_HEADERS = {encoding: http2.header_block([(b":status", b"200"), (b"content-type", b"application/grpc"),
-                                                  (b"grpc-encoding", encoding),
-                                                  (b"grpc-accept-encoding", ACCEPT_ENCODING)])
-                    for encoding in _RANKING}
-
-
-def response_encoding(level: str, accepted: bytes) -> bytes:
-    """How an infer response is compressed at `level`, as gRPC chooses it: of gzip and deflate (in that
-    order) those the client accepts (grpc-accept-encoding), the first for low, the middle one for
-    medium, the last for high; b"" (none) for level none or a client that accepts neither."""
-    if level == "none":
-        return b""
-    offered = {a.strip() for a in accepted.split(b",")}
-    supported = [a for a in _RANKING if a in offered]
-    if not supported:
-        return b""
-    return supported[{"low": 0, "medium": len(supported) // 2, "high": len(supported) - 1}[level]]
-
-
-def _compressed_frame(payload, encoding: bytes) -> bytes:
-    """A message frame compressed with `encoding` (gzip, or deflate: zlib's format), or the message as it
-    is where compressing does not make it smaller (its flag says which)."""
-    packed = gzip.compress(payload, mtime=0) if encoding == b"gzip" else zlib.compress(payload)
-    if len(packed) < len(payload):
-        return b"\x01" + len(packed).to_bytes(4, "big") + packed
-    return b"\x00" + len(payload).to_bytes(4, "big") + bytes(payload)
 OK_TRAILERS = http2.header_block([(b"grpc-status", b"0")])
 _END = object()
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
@@ -191,7 +160,7 @@ class _Call(http2.StreamHandler):
         self.encoding = stream.headers.get(b"grpc-encoding", b"identity")
         self.response_encoding = response_encoding(compression, stream.headers.get(b"grpc-accept-encoding", b"")) \
             if method.compressible else b""
-        self.response_headers = _ENCODED_HEADERS[self.response_encoding] if self.response_encoding \
+        self.response_headers = ENCODED_HEADERS[self.response_encoding] if self.response_encoding \
             else RESPONSE_HEADERS
         self.timeout = _deadline(stream.headers.get(b"grpc-timeout"))
         self.headers_sent = False
@@ -383,17 +352,7 @@ class _Call(http2.StreamHandler):
                                end_stream=True)
 
     def _frame(self, message) -> bytes | list:
-        """The gRPC message frame: bytes; or, for a message given in wire parts (large tensors), the
-        list of its parts behind the 5-byte prefix, to be written as they are. Compressed where the
-        call's responses are."""
-        if isinstance(message, WireResponse):
-            if not self.response_encoding:
-                return [b"\x00" + message.nbytes.to_bytes(4, "big"), *message.parts]
-            return _compressed_frame(b"".join(message.parts), self.response_encoding)
-        payload = message.SerializeToString()
-        if self.response_encoding:
-            return _compressed_frame(payload, self.response_encoding)
-        return b"\x00" + len(payload).to_bytes(4, "big") + payload
+        return frame(message, self.response_encoding)
 
     async def _encoded(self, message) -> bytes | list:
         """`_frame`, compressing on a thread of its own."""

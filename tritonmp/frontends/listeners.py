@@ -18,7 +18,7 @@ import uvicorn
 from ..observability.system import SystemSampler
 from ..server_api import EXTENSIONS, ServerApi
 from . import grpc_server
-from .grpc_protocol import COMPRESSION_LEVELS
+from .grpc_compression import COMPRESSION_LEVELS
 from .http2 import Keepalive
 from .http_protocol import Limits, default_max_connections, protocol_class
 from .http_server import DEFAULT_MAX_INPUT_SIZE, HttpApp

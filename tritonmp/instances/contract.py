@@ -48,5 +48,6 @@ class InstanceSnapshot:
     last_exit: str
     gave_up: bool
     up_s: float | None
+    cores: str = ""  # the cores its worker may run on, where its host policy names them ("0-3,8")
 
 

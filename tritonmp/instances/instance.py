@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import ServerError, Status
+from ..host_policy import format_cores
 from ..inference import InferRequest, InferResponse, Tensor
 from ..ipc import batching, transport
 from ..logs import get_logger
@@ -130,7 +131,8 @@ class Instance:
         return InstanceSnapshot(self.spec.name, self.spec.kind, self.spec.device_id, pid, w.alive,
                                 self.batch is not None, len(self.batch) if self.batch is not None else 0,
                                 w.restarts, w.restarts_total, w.last_exit, w.gave_up,
-                                time.monotonic() - w.started_at if w.alive else None)
+                                time.monotonic() - w.started_at if w.alive else None,
+                                format_cores(self.spec.placement.cores))
 
     # -- what the worker process tells (WorkerEvents) --------------------------------------
     def exited(self, pid: int, reason: str, serving: bool) -> None:

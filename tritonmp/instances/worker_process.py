@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .. import backends
+from ..host_policy import Placement
 from ..ipc import transport
 from ..ipc.arena import Arena, segment_name
 from ..ipc.channel import Channel
@@ -41,6 +42,7 @@ class InstanceSpec:
     name: str  # Triton's instance name, e.g. add_0_0
     kind: str  # "CPU", "GPU" or "MODEL"
     device_id: int  # GPU index for KIND_GPU, 0 otherwise
+    placement: Placement = Placement()  # its host policy's cores and NUMA node (tritonmp/host_policy.py)
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,8 @@ class WorkerProcess:
             backend=launch.backend, config_json=launch.config_json, instance_name=self.spec.name,
             kind=self.spec.kind, device_id=self.spec.device_id, in_arenas=[a.name for a in self.in_arenas],
             out_arenas=[a.name for a in self.outputs.all], arena_bytes=arena_bytes, log_verbose=launch.log_verbose,
-            heap_retain_bytes=launch.heap_retain_bytes)
+            heap_retain_bytes=launch.heap_retain_bytes, cpu_cores=list(self.spec.placement.cores),
+            numa_node=self.spec.placement.numa_node)
         env = dict(os.environ)
         env[transport.SOCKET_ENV] = f"{theirs.fileno()} {os.getpid()}"
         if self.spec.kind == "GPU":

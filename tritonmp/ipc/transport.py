@@ -195,6 +195,8 @@ class WorkerSpec(msgspec.Struct):
     arena_bytes: int
     log_verbose: int = 0
     heap_retain_bytes: int = 0  # freed memory the worker keeps for reuse (tritonmp/workers/heap.py)
+    cpu_cores: list[int] = []  # its host policy's cores (empty: wherever the frontend runs)
+    numa_node: int = -1  # its host policy's NUMA node (-1: any)
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -211,7 +211,8 @@ class ModelManager:
                                                     self.settings.default_max_batch_sizes,
                                                     self.settings.config_name, name)
             specs = [] if completed.backend == "ensemble" else \
-                instance_specs(completed.config, self.settings.workers, self.settings.gpus, completed.backend)
+                instance_specs(completed.config, self.settings.workers, self.settings.gpus, completed.backend,
+                               self.settings.host_policies)
         except (ConfigProblem, LoadError) as e:
             raise invalid(f"load failed for model '{name}': {e}") from None
         versions = cfg.version_is_wanted(completed.config, completed.versions)

@@ -10,7 +10,7 @@ import time
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .. import backends
+from .. import backends, gpus, host_policy
 from ..classification import read_labels
 from ..errors import unavailable
 from ..instances.contract import NO_BUSY_POLL
@@ -175,9 +175,11 @@ def priorities_of(config: mc.ModelConfig) -> Priorities:
                       {level: _queue_policy(p) for level, p in db.priority_queue_policy.items()})
 
 
-def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int], backend: str = "") -> list[InstanceSpec]:
-    """Expand the instance groups (filling a default group from --workers) into instances. The default
-    group and KIND_AUTO groups go to the GPUs only where `backend` can use them (tritonmp.backends)."""
+def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int], backend: str = "",
+                   host_policies: dict[str, dict[str, str]] | None = None) -> list[InstanceSpec]:
+    """Expand the instance groups (filling a default group from --workers) into instances, each placed
+    by its host policy (`host_policies`, --host-policy). The default group and KIND_AUTO groups go to
+    the GPUs only where `backend` can use them (tritonmp.backends)."""
     placeable = gpus if not backend or backends.gpu_capable(backend) else []  # for the default and KIND_AUTO groups
     if gpus and not placeable and (
             not config.instance_group
@@ -200,6 +202,7 @@ def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int], backen
         if len(config.instance_group) == 1:
             config.instance_group[0].name = config.name  # Triton names its default group after the model
         cfg.normalize(config)
+    policies = host_policies or {}
     specs = []
     for group in config.instance_group:
         kind = group.kind
@@ -220,11 +223,25 @@ def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int], backen
             k = 0
             for d in devices:
                 for _ in range(group.count):
-                    specs.append(InstanceSpec(f"{group.name}_{k}", "GPU", d))
+                    specs.append(InstanceSpec(f"{group.name}_{k}", "GPU", d, _placement(group, "GPU", d, policies)))
                     k += 1
         elif kind == mc.ModelInstanceGroup.KIND_MODEL:
             # the model places itself: its instances see every GPU the server sees
-            specs += [InstanceSpec(f"{group.name}_{k}", "MODEL", 0) for k in range(group.count)]
+            place = _placement(group, "MODEL", 0, policies)
+            specs += [InstanceSpec(f"{group.name}_{k}", "MODEL", 0, place) for k in range(group.count)]
         else:
-            specs += [InstanceSpec(f"{group.name}_{k}", "CPU", 0) for k in range(group.count)]
+            place = _placement(group, "CPU", 0, policies)
+            specs += [InstanceSpec(f"{group.name}_{k}", "CPU", 0, place) for k in range(group.count)]
     return specs
+
+
+def _placement(group: mc.ModelInstanceGroup, kind: str, device: int,
+               policies: dict[str, dict[str, str]]) -> host_policy.Placement:
+    """Where an instance of `group` runs: the host policy the group names, else Triton's default one."""
+    name = group.host_policy or host_policy.default_name(kind, device)
+    try:
+        if kind == "GPU" and name not in policies and not group.host_policy:
+            return host_policy.gpu_default(gpus.numa_node(device))
+        return host_policy.placement(policies, name, named=bool(group.host_policy))
+    except host_policy.HostPolicyError as e:
+        raise LoadError(f"instance group '{group.name}': {e}") from None

@@ -117,7 +117,7 @@ class StatusHistory:
 def _instance(i: InstanceSnapshot) -> dict:
     return {"name": i.name, "kind": i.kind, "device": i.device_id if i.kind == "GPU" else None, "pid": i.pid,
             "alive": i.alive, "busy": i.busy, "restarts": i.restarts, "last_error": i.last_exit or None,
-            "gave_up": i.gave_up, "up_s": round(i.up_s, 1) if i.up_s is not None else None}
+            "gave_up": i.gave_up, "up_s": round(i.up_s, 1) if i.up_s is not None else None, "cores": i.cores or None}
 
 
 def _version(mv: ServedVersion, history: StatusHistory) -> dict:

@@ -23,7 +23,8 @@ from collections import deque
 
 import numpy as np
 
-from tritonmp import backends, datatypes
+from tritonmp import backends, datatypes, host_policy
+from tritonmp.host_policy import Placement
 from tritonmp.ipc import transport
 from tritonmp.ipc.arena import Arena
 
@@ -374,6 +375,7 @@ def run_worker(fd: int, parent_pid: int) -> int:
         return 0  # the frontend has gone before saying what to be
     sock.detach()  # the Worker's own socket object takes the descriptor
     spec.fd = fd
+    host_policy.apply(Placement(tuple(spec.cpu_cores), spec.numa_node))  # before any thread starts
     set_process_name(spec.instance_name)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the frontend decides when we stop
     worker = Worker(spec)
