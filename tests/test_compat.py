@@ -1168,3 +1168,43 @@ def test_infer_response_compression_levels_match(tmp_path):
                     _, other = _raw_infer(server.grpc_port, b"", accept, "ServerMetadata")
                     answers[who].append((level, accept, head.get("grpc-encoding"), frame[0], other[0]))
     assert answers["ours"] == answers["ref"]
+
+
+def _namespaced_answers(server, ref_or_ours_grpc: str, metrics_port: int) -> dict:
+    """What a client sees of two repositories served with --model-namespacing: each model's answer
+    (or error), the index, and the per-model labels of one metric family."""
+    import tritonclient.http as httpclient
+    from test_model_namespacing import _infer
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
+    answers: dict = {}
+    for model in ("ensemble_up", "ensemble_down", "bls_up", "bls_down", "step"):
+        try:
+            answers[model] = _infer(client, model)
+        except InferenceServerException as e:
+            answers[model] = (e.status(), e.message())
+    x = grpcclient.InferInput("X", [2], "INT32")
+    x.set_data_from_numpy(np.array([1, 2], np.int32))
+    answers["grpc step"] = _grpc_error(ref_or_ours_grpc, lambda c: c.infer("step", [x]))
+    answers["index"] = [(r["name"], r.get("state")) for r in client.get_model_repository_index()]
+    status, _, body = http_request(metrics_port, "GET", "/metrics")
+    answers["labels"] = sorted(line.rsplit(" ", 1)[0] for line in body.decode().splitlines()
+                               if line.startswith("nv_inference_request_success{"))
+    return answers
+
+
+def test_model_namespacing_matches(tmp_path):
+    from test_model_namespacing import _repositories
+
+    up, down = _repositories(tmp_path)
+    args = ("--load-model=*", "--model-repository", str(down), "--model-namespacing=true")
+    with both_serving(up, tmp_path, args) as (ours, ref):
+        mine = _namespaced_answers(ours, ours.grpc_url, ours.metrics_port)
+        theirs = _namespaced_answers(ref, ref.grpc_url, ref.metrics_port)
+    # a python model's BLS call by the bare name finds its own repository's model here, where Triton's
+    # python backend, asking for the name alone, fails it (a 500 saying the model is not ready)
+    for model in ("bls_up", "bls_down"):
+        assert theirs.pop(model)[0] == "500"
+    assert mine.pop("bls_up") == [11, 21] and mine.pop("bls_down") == [9, 19]
+    assert mine == theirs
+    assert mine["ensemble_up"] == [11, 21] and "resolve ambiguity" in mine["step"][1]

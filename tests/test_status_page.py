@@ -35,7 +35,8 @@ def _render(server, tmp_path, screenshot=None, size=(1280, 1000)) -> str:
 
 
 def _rows(dom: str) -> dict[str, str]:
-    return dict(re.findall(r'<tr data-model="([^"]+)" data-version="[^"]*" data-state="([A-Z]+)"', dom))
+    return dict(re.findall(r'<tr data-model="([^"]+)" data-namespace="[^"]*" data-version="[^"]*" '
+                           r'data-state="([A-Z]+)"', dom))
 
 
 def _served(dom: str) -> int:

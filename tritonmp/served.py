@@ -52,6 +52,11 @@ class ServedVersion(Protocol):
     def name(self) -> str: ...
 
     @property
+    def namespace(self) -> str:
+        """The repository it is from, with --model-namespacing; "" without."""
+        ...
+
+    @property
     def version(self) -> int: ...
 
     @property

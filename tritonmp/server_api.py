@@ -15,6 +15,7 @@ from .errors import ServerError, invalid, unavailable, unsupported
 from .inference import InferRequest, InferResponse
 from .ipc.shm_registry import Region, SharedMemoryRegistry, ShmRef
 from .lifecycle.model_manager import ModelManager, NotResident, parse_version
+from .lifecycle.repositories import model_key
 from .logs import get_logger
 from .observability.log_settings import LogSettings
 from .observability.system import SystemSampler
@@ -90,7 +91,7 @@ class ServerApi:
 
     async def model_metadata(self, name: str, version: str) -> dict:
         mv = await self.models.resolve(name, version)
-        entry = self.models.entry(name)
+        entry = self.models.models[model_key(mv.namespace, mv.name)]
         c = mv.config
 
         def tensors(items):
@@ -114,7 +115,7 @@ class ServerApi:
         if not name:
             versions = [mv for e in self.models.models.values() for _, mv in sorted(e.versions.items())]
         else:
-            entry = self.models.models.get(name)
+            entry = self.models.models.get(self.models.find(name))
             if entry is None or not entry.versions:
                 raise invalid(f"requested model '{name}' is not available")
             if number >= 0:
@@ -262,13 +263,15 @@ class ServerApi:
         model ("HTTP end point", "ModelInfer RPC"), which clients match on."""
         return await self.submit(request, endpoint)
 
-    def model_for(self, name: str, version: str, endpoint: str = "This call") -> ServedVersion | None:
+    def model_for(self, name: str, version: str, endpoint: str = "This call", near: str = ""
+                  ) -> ServedVersion | None:
         """The ready model version that a request answered once is for; ServerError, as Triton
         words it, for a version string that is no version, an unknown or unready model, or a
         decoupled one. None for a model that is not loaded yet but loads on demand: `submit` loads
-        it (`load_for` for a caller that needs the version in hand)."""
+        it (`load_for` for a caller that needs the version in hand). `near`: the calling model's
+        namespace (--model-namespacing)."""
         try:
-            mv = self.models.get(name, version)
+            mv = self.models.get(name, version, near)
         except NotResident:
             return None
         if mv.decoupled:
@@ -285,7 +288,7 @@ class ServerApi:
         version from `model_for`, looked up in the same turn of the loop (else it is looked up)."""
         start_ns = time.monotonic_ns() if self.tracer.on else 0
         if mv is None:
-            mv = self.model_for(request.model_name, request.model_version, endpoint)
+            mv = self.model_for(request.model_name, request.model_version, endpoint, request.namespace)
             if mv is None:  # it loads first (--load-on-demand)
                 return asyncio.ensure_future(self._load_then_submit(request, endpoint))
         trace = self.tracer.sample(mv.name, mv.version) if start_ns else None
@@ -321,16 +324,17 @@ class ServerApi:
         words it, for a model that is unknown or not ready."""
         return (await self.models.resolve(name, version)).decoupled
 
-    async def load_for(self, name: str, version: str, endpoint: str = "This call") -> ServedVersion:
+    async def load_for(self, name: str, version: str, endpoint: str = "This call", near: str = ""
+                       ) -> ServedVersion:
         """`model_for`, after loading the model where it loads on demand."""
-        await self.models.resolve(name, version)
-        mv = self.model_for(name, version, endpoint)
+        await self.models.resolve(name, version, near)
+        mv = self.model_for(name, version, endpoint, near)
         if mv is None:  # unloaded again at once: the budget is smaller than the models in use
             raise unavailable(f"model '{name}' was unloaded again before its request could run")
         return mv
 
     async def _load_then_submit(self, request: InferRequest, endpoint: str) -> InferResponse:
-        mv = await self.load_for(request.model_name, request.model_version, endpoint)
+        mv = await self.load_for(request.model_name, request.model_version, endpoint, request.namespace)
         return await self.submit(request, endpoint, mv)
 
     async def _traced(self, mv: ServedVersion, request: InferRequest, trace: Trace | None,
@@ -350,7 +354,7 @@ class ServerApi:
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse | ServerError]:
         """Every response to a request: one for most models, any number for a decoupled one."""
-        mv = await self.models.resolve(request.model_name, request.model_version)
+        mv = await self.models.resolve(request.model_name, request.model_version, request.namespace)
         if not mv.decoupled:
             yield await self.infer(request)
             return
@@ -396,7 +400,7 @@ class ServerApi:
         key = None
         if self.cache is not None and mv.config.response_cache.enable:
             started = time.monotonic_ns()
-            key = self.cache.key(request, mv.name, mv.version)
+            key = self.cache.key(request, model_key(mv.namespace, mv.name), mv.version)
             cached = self.cache.get(key, request, mv.name, str(mv.version)) if key is not None else None
             if cached is not None:
                 mv.stats.cache_hit(time.monotonic_ns() - started, request.batch_size)

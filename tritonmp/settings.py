@@ -33,6 +33,7 @@ class ServerSettings:
     load_timeout: float = 600.0  # a model not loaded after this long fails its load (0: no limit)
     load_threads: int = 4  # --model-load-thread-count: models loading at once (an ensemble's own step waits for none)
     load_retries: int = 0  # --model-load-retry-count: a failed load is tried again this many times
+    model_namespacing: bool = False  # --model-namespacing: each repository's models are a namespace of their own
     busy_poll_us: int = DEFAULT_BUSY_POLL_US  # the loop polls this long after a batch
     heap_retain_bytes: int = 1 << 30  # --worker-heap-retain-mb: freed memory a worker keeps for reuse
     worker_start: str = "fork"  # --worker-start: "fork" from a template per backend, or "exec" each

@@ -14,7 +14,6 @@ from .settings import DEFAULTS
 
 # flag -> why it means nothing in this server
 IGNORED = {
-    "--model-namespacing": "model names are global here; a name in two repositories is a load error",
     "--enable-peer-access": "CUDA peer access is the CUDA runtime's default for each worker",
     "--reuse-http-port": "the HTTP port is bound by this process alone",
     "--reuse-grpc-port": "the gRPC port is bound by this process alone",
@@ -69,6 +68,10 @@ def add_to(parser: argparse.ArgumentParser) -> None:
                         help="models loading at once (their config checks and their workers' starts)")
     parser.add_argument("--model-load-retry-count", type=parse_int, default=DEFAULTS.load_retries, metavar="N",
                         help="times a failed load is tried again")
+    parser.add_argument("--model-namespacing", type=parse_bool, default=DEFAULTS.model_namespacing,
+                        help="each model repository is a namespace: models of one name in several repositories "
+                             "load side by side, an ensemble's and a BLS call's models are looked for in their own "
+                             "repository first, and a request naming several is refused")
     parser.add_argument("--grpc-infer-response-compression-level", type=parse_mode, default="none",
                         choices=("none", "low", "medium", "high"),
                         help="compress infer responses with gzip or deflate, as gRPC picks them for the level among "

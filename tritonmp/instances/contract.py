@@ -30,6 +30,7 @@ class InstanceSettings:
     warmup: tuple = field(default=())  # (sample name, count, request template), run before READY
     reshapes: Reshapes | None = None  # the config's reshapes of inputs and outputs, applied at the wire
     ragged: Ragged | None = None  # ragged inputs, batch inputs and batch outputs, of merged batches
+    namespace: str = ""  # --model-namespacing: its repository, where its BLS calls look for models first
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,7 +101,8 @@ class Instance:
         self.streams: dict[int, InferRequest] = {}  # by stream_key(batch id, index)
         self._deadline: asyncio.TimerHandle | None = None  # the progress watchdog of the batch in flight
         # the worker's own calls: BLS, model control, custom metrics; its metrics are the pool's
-        self.model_calls = ModelCalls(spec.name, services, pool, lambda: self.worker.channel, self._pid)
+        self.model_calls = ModelCalls(spec.name, services, pool, lambda: self.worker.channel, self._pid,
+                                      settings.namespace)
 
     def _pid(self) -> int:
         proc = self.worker.proc

@@ -39,8 +39,9 @@ class ModelCalls:
     stops); `channel` and `pid` say the instance's channel and worker process id of the moment."""
 
     def __init__(self, name: str, services: ModelServices, owner: object, channel: Callable[[], Channel | None],
-                 pid: Callable[[], int]):
+                 pid: Callable[[], int], namespace: str = ""):
         self.name = name  # the instance's, for the log
+        self.namespace = namespace  # its model's (--model-namespacing): its calls look for models there first
         self.services = services
         self.owner = owner
         self.channel = channel
@@ -112,7 +113,8 @@ class ModelCalls:
                 raise ServerError("BLS requests are not available here", Status.UNAVAILABLE)
             inputs = [Tensor(r.name, r.datatype, list(r.shape), frames[r.frame]) for r in msg.inputs]
             outputs = [RequestedOutput(name) for name in msg.outputs] or None
-            request = InferRequest(msg.model_name, msg.model_version, msg.id, inputs, outputs, msg.parameters)
+            request = InferRequest(msg.model_name, msg.model_version, msg.id, inputs, outputs, msg.parameters,
+                                   namespace=self.namespace)
             if msg.decoupled:
                 self.calls[msg.call] = request
                 try:

@@ -30,10 +30,11 @@ log = get_logger("ensemble")
 class ComposingModels(Protocol):
     """What an ensemble asks of the models it composes (the model manager's)."""
 
-    async def ensure_loaded(self, name: str) -> None:
-        """Load the model where it is not loaded and may be (explicit mode, loading on demand)."""
+    async def ensure_loaded(self, name: str, near: str = "") -> None:
+        """Load the model where it is not loaded and may be (explicit mode, loading on demand); `near`:
+        the namespace where it is looked for first."""
 
-    def get(self, name: str, version: str = "") -> ServedVersion:
+    def get(self, name: str, version: str = "", near: str = "") -> ServedVersion:
         """The ready version; ServerError, as Triton words it, where there is none."""
         ...
 
@@ -93,9 +94,10 @@ class EnsembleVersion:
     backend = "ensemble"
 
     def __init__(self, name: str, version: int, completed: cfg.Completed, models: ComposingModels,
-                 services: ModelServices):
+                 services: ModelServices, namespace: str = ""):
         c = completed.config
         self.name = name
+        self.namespace = namespace  # its repository (--model-namespacing): its steps' models are looked for there first
         self.version = version
         self.config = c
         self.state = "LOADING"
@@ -142,8 +144,8 @@ class EnsembleVersion:
         started = time.monotonic()
         for name, version in self.composing():
             try:
-                await self.models.ensure_loaded(name)
-                self.models.get(name, version)
+                await self.models.ensure_loaded(name, self.namespace)
+                self.models.get(name, version, self.namespace)
             except ServerError as e:
                 self.state = "UNAVAILABLE"
                 self.reason = f"composing model '{name}' is not available: {e.message}"
@@ -214,7 +216,8 @@ class EnsembleVersion:
             inputs.append(Tensor(model_input, t.datatype, list(t.shape), t.data, dict(t.parameters)))
         outputs = [RequestedOutput(name) for name in step.output_map]
         version = str(step.model_version) if step.model_version > 0 else ""
-        sub = InferRequest(step.model_name, version, request.id, inputs, outputs, dict(request.parameters))
+        sub = InferRequest(step.model_name, version, request.id, inputs, outputs, dict(request.parameters),
+                           namespace=self.namespace)
         infer = self.services.bls
         assert infer is not None, "the server API lends its infer before serving"
         return await infer(sub)

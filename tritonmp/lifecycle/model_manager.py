@@ -1,14 +1,15 @@
 """The models this server serves: load, reload and unload them from the repositories
 (repositories.py), keep each version's state (LOADING, READY, UNAVAILABLE with a reason), poll for
 changes, load a model on its first request where models load on demand (acting on the residency
-policy, residency.py), and find the version a request is for."""
+policy, residency.py), and find the version a request is for.
+
+Models are known by their key (model_table.py), so that with --model-namespacing models of one name
+in several repositories load side by side; a name a call gives becomes a key there."""
 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
-from dataclasses import dataclass, field
 
 from ..errors import ServerError, Status, invalid, not_found, unavailable
 from ..instances.pool import LoadError, ModelServices
@@ -20,71 +21,34 @@ from ..repository.problems import ConfigProblem
 from ..served import ServedVersion
 from ..settings import ServerSettings
 from .ensemble_version import EnsembleVersion
+from .model_table import ModelEntry, ModelTable, parse_version
 from .model_version import ModelVersion, instance_specs
 from .repositories import Repositories, poll_failed, valid_model_name, write_files
 from .residency import Residency, pss_bytes
 
 log = get_logger("models")
 
-_VERSION = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")  # what C's strtol reads: space, a sign, digits
-_LONG = 1 << 63
-_VERSIONS: dict[str, int] = {}  # version string -> its number: clients send the same few
-_KEPT = 1024
+__all__ = ["ModelManager", "NotResident", "parse_version"]
 
 
-def parse_version(text: str) -> int:
-    """A request's model version string as Triton reads it (std::stol: leading space, a sign and
-    digits; anything after them is ignored), -1 for the empty string. INVALID_ARG, with Triton's
-    words, for a string with no number, one out of a 64-bit range, or a negative one."""
-    number = _VERSIONS.get(text)
-    if number is not None:
-        return number
-    if not text:
-        return -1
-    match = _VERSION.match(text)
-    number = int(match.group(1)) if match else _LONG
-    if not -_LONG <= number < _LONG:
-        raise invalid(f"failed to get model version from specified version string '{text}' (details: stol), "
-                      "version should be an integral value > 0")
-    if number < 0:
-        raise invalid(f"invalid model version specified '{text}' , version should be an integral value > 0")
-    if len(_VERSIONS) >= _KEPT:
-        _VERSIONS.clear()
-    _VERSIONS[text] = number
-    return number
-
-
-@dataclass
-class ModelEntry:
-    name: str
-    path: str
-    versions: dict[int, ServedVersion] = field(default_factory=dict)  # the versions being served
-    problem: str = ""  # why the model could not be loaded at all
-    platform: str = ""
-    down: dict[int, str] = field(default_factory=dict)  # versions known but not served -> why (unloaded, failed)
-    files_dir: str = ""  # a private directory holding files sent with a load request
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
-class ModelManager:
-    """Loads, reloads and unloads models; `models` maps a name to what is served under it."""
+class ModelManager(ModelTable):
+    """Loads, reloads and unloads models; `models` maps a model key to what is served under it."""
 
     def __init__(self, settings: ServerSettings):
+        super().__init__(Repositories(settings.repositories, settings.model_namespacing), settings.model_namespacing)
         self.settings = settings
-        self.repositories = Repositories(settings.repositories)
         self.busy_poll = BusyPoll(settings.busy_poll_us)  # one window for the server's loop
-        self.models: dict[str, ModelEntry] = {}
         self._retiring: set[asyncio.Task] = set()
         self.retiring: set[ServedVersion] = set()  # replaced or unloaded, finishing their requests
         # what the models' own calls reach (the server API's infer, infer_stream and model_call, lent by
         # ServerApi.serve_models) and python models' own metric families: one for every model version
         self.services = ModelServices()
         self.templates = WorkerTemplates() if settings.worker_start == "fork" else None  # where workers fork from
-        self._startup: dict[str, asyncio.Task] = {}  # loads under way at startup, by model name
+        self._startup: dict[str, asyncio.Task] = {}  # loads under way at startup, by model key
         # --load-on-demand: models load when first asked for, the least recently used unloaded past the budget
         self.residency = Residency(settings.max_resident_models, settings.max_resident_memory_bytes) \
             if settings.load_on_demand else None
-        self._loading: dict[str, asyncio.Task[None]] = {}  # models loading on demand
+        self._loading: dict[str, asyncio.Task[None]] = {}  # models loading on demand, by key
         self._slots: asyncio.Semaphore | None = None  # see _load_slots
         # requests waiting for a model's load: it is in use until they have gone on to queue (which
         # they do in the same turn of the loop as their wait ends)
@@ -96,53 +60,75 @@ class ModelManager:
         --load-on-demand, only the named ones: the others load when first asked for."""
         await self.repositories.refresh()
         found = self.repositories.discover()
-        wanted = sorted(found) if names is None or "*" in names else names
+        if names is None or "*" in names:
+            wanted = sorted(found)
+        else:  # a name stands for each model of that name
+            wanted = [k for n in names for k in (self.repositories.keys_named(n) or [n])]
         if self.residency is not None:
             wanted = [] if names is None else wanted
-        for name in found:
-            self.models.setdefault(name, ModelEntry(name, found[name][0]))
+        for key in found:
+            self._entry_for(key, found[key][0])
 
-        async def one(name):
+        async def one(key):
             try:
-                await self.load(name)
+                await self._load(key)
             except ServerError as e:
-                entry = self.models.setdefault(name, ModelEntry(name, ""))
+                entry = self._entry_for(key, "")
                 if not entry.versions:
                     entry.problem = e.message
 
         loop = asyncio.get_running_loop()
-        self._startup = {n: loop.create_task(one(n)) for n in wanted}
+        self._startup = {k: loop.create_task(one(k)) for k in wanted}
         await asyncio.gather(*self._startup.values())
         self._startup = {}
 
-    async def ensure_loaded(self, name: str) -> None:
-        """For an ensemble: wait for a composing model being loaded, or load it when it is not."""
-        task = self._startup.get(name)
+    async def ensure_loaded(self, name: str, near: str = "") -> None:
+        """For an ensemble (of namespace `near`): wait for a composing model being loaded, or load it
+        when it is not."""
+        key = self.find(name, near, repositories=True)
+        task = self._startup.get(key)
         if task is not None:
             await asyncio.shield(task)
-        entry = self.models.get(name)
+        entry = self.models.get(key)
         if entry is not None and entry.versions:
             return
-        await self.load(name)
+        await self._load(key)
 
     def dependents(self, name: str) -> list[str]:
-        """The loaded ensembles that have `name` as a step."""
+        """The loaded ensembles that have `name` as a step, by name."""
         return [e.name for e in self.models.values()
                 if any(isinstance(mv, EnsembleVersion) and name in dict(mv.composing()) for mv in e.versions.values())]
 
     def composing(self, name: str) -> list[str]:
-        """The models a loaded ensemble `name` runs (none for other models)."""
-        entry = self.models.get(name)
-        if entry is None:
-            return []
-        return sorted({step for mv in entry.versions.values() if isinstance(mv, EnsembleVersion)
+        """The models the loaded ensembles `name` run (none for other models), by name."""
+        return sorted({step for key in self.keys_named(name) if key in self.models
+                       for mv in self.models[key].versions.values() if isinstance(mv, EnsembleVersion)
                        for step, _ in mv.composing()})
 
     async def load(self, name: str, config_override: str | None = None, files: dict[str, bytes] | None = None
                    ) -> None:
-        """Load or reload a model. The new versions must all be READY before they replace the old
-        ones, which then finish their queued and in-flight requests and stop. On failure the old
+        """Load or reload the model `name` (with namespacing, each model of that name), as `_load`;
+        the failures of several are raised together."""
+        if files or not self.namespacing:
+            await self._load(name, config_override, files)
+            return
+        failures = []
+        for key in self.keys_named(name):
+            try:
+                await self._load(key, config_override)
+            except ServerError as e:
+                failures.append(e)
+        if len(failures) == 1:
+            raise failures[0]
+        if failures:
+            raise ServerError(";\n".join(e.message for e in failures), failures[0].status)
+
+    async def _load(self, key: str, config_override: str | None = None, files: dict[str, bytes] | None = None
+                    ) -> None:
+        """Load or reload the model `key`. The new versions must all be READY before they replace the
+        old ones, which then finish their queued and in-flight requests and stop. On failure the old
         versions keep serving and the reason is raised."""
+        name = self.repositories.identity(key)[1]
         if files:
             if config_override is None:
                 raise poll_failed(name, "Load parameter 'config' must be specified for model file override")
@@ -150,12 +136,12 @@ class ModelManager:
                 raise invalid(f"failed to load '{name}': not a valid model name")
             files_dir, path = write_files(name, files)
         else:
-            files_dir, path = await self.repositories.localize(name)
-        entry = self.models.setdefault(name, ModelEntry(name, path))
+            files_dir, path = await self.repositories.localize(key)
+        entry = self._entry_for(key, path)
         async with entry.lock:
             failed: dict[int, str] = {}
             try:
-                new = await self._start_with_retries(name, path, config_override, failed)
+                new = await self._start_with_retries(entry, path, config_override, failed)
             except ServerError as e:
                 if files_dir:
                     self.repositories.remove_copy(files_dir)
@@ -175,20 +161,20 @@ class ModelManager:
             entry.platform = first.config.platform or first.backend
             self._retire(list(old.values()), old_dir)
         if self.residency is not None:
-            self.residency.loaded(name, sum(pss_bytes(i.pid) for mv in entry.versions.values()
+            self.residency.loaded(key, sum(pss_bytes(i.pid) for mv in entry.versions.values()
                                             for i in mv.instances() if i.pid is not None))
 
-    async def _start_with_retries(self, name: str, path: str, override: str | None,
+    async def _start_with_retries(self, entry: ModelEntry, path: str, override: str | None,
                                   failed: dict[int, str]) -> dict[int, ServedVersion]:
         """`_start_versions`, tried again after a failure as many times as --model-load-retry-count says."""
         for attempt in range(self.settings.load_retries + 1):
             failed.clear()
             try:
-                return await self._start_versions(name, path, override, failed)
+                return await self._start_versions(entry, path, override, failed)
             except ServerError as e:
                 if attempt == self.settings.load_retries:
                     raise
-                log.warning("load of '%s' failed (%s); trying again (%d of %d)", name, e.message, attempt + 1,
+                log.warning("load of '%s' failed (%s); trying again (%d of %d)", entry.key, e.message, attempt + 1,
                             self.settings.load_retries)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -198,11 +184,12 @@ class ModelManager:
             self._slots = asyncio.Semaphore(self.settings.load_threads)
         return self._slots
 
-    async def _start_versions(self, name: str, path: str, override: str | None,
+    async def _start_versions(self, entry: ModelEntry, path: str, override: str | None,
                               failed: dict[int, str]) -> dict[int, ServedVersion]:
         """The versions of a model, loaded and READY; else a ServerError, with each version that failed
         to start and why in `failed`. Its config and its workers' starts each take one of the load
         slots; an ensemble's versions take none (they wait for the models they compose, which do)."""
+        name, namespace = entry.name, entry.namespace
         try:
             # off the loop: completing a config may run the model's own code or framework in a
             # short-lived process (seconds, for TensorFlow), and the server serves on meanwhile
@@ -221,12 +208,12 @@ class ModelManager:
         new: dict[int, ServedVersion] = {}
         if completed.backend == "ensemble":
             for v in versions:
-                new[v] = EnsembleVersion(name, v, completed, self, self.services)
+                new[v] = EnsembleVersion(name, v, completed, self, self.services, namespace)
             await asyncio.gather(*(mv.load() for mv in new.values()))
         else:
             for v in versions:
                 new[v] = ModelVersion(name, v, completed, specs, self.settings, self.services, self.busy_poll,
-                                      self.templates)
+                                      self.templates, namespace)
             async with self._load_slots():
                 await asyncio.gather(*(mv.load() for mv in new.values()))
         failed.update({mv.version: mv.reason for mv in new.values() if mv.state != "READY"})
@@ -251,9 +238,14 @@ class ModelManager:
             task.add_done_callback(self._retiring.discard)
 
     async def unload(self, name: str, reason: str = "unloaded") -> None:
+        """Stop serving the model `name` (with namespacing, each model of that name), as `_unload`."""
+        for key in self.keys_named(name):
+            await self._unload(key, reason)
+
+    async def _unload(self, key: str, reason: str = "unloaded") -> None:
         """Stop serving a model; its queued and in-flight requests finish first. Unknown: no error.
         `reason`: what the repository index says of its versions."""
-        entry = self.models.get(name)
+        entry = self.models.get(key)
         if entry is None:
             return
         async with entry.lock:
@@ -262,41 +254,8 @@ class ModelManager:
             entry.down.update(dict.fromkeys(old, reason))
             self._retire(list(old.values()), files_dir)
         if self.residency is not None:
-            self.residency.unloaded(name)
-        log.info("unloading '%s'", name)
-
-    def forget_unlisted(self) -> None:
-        """Drop what is known of models that no longer serve and that no repository holds (after a
-        registered repository went), so that the index no longer lists them."""
-        listed = self.repositories.discover()
-        for name in [n for n, e in self.models.items() if not e.versions and n not in listed and not e.lock.locked()]:
-            del self.models[name]
-
-    def index(self, ready_only: bool = False) -> list[dict]:
-        rows = []
-        names = set(self.repositories.discover()) | set(self.models)
-        for name in sorted(names):
-            entry = self.models.get(name)
-            if entry is None or (not entry.versions and not entry.down and not entry.problem):
-                if not ready_only:
-                    rows.append({"name": name})
-                continue
-            for v, mv in sorted(entry.versions.items()):
-                if ready_only and mv.state != "READY":
-                    continue
-                row = {"name": name, "version": str(v), "state": mv.state}
-                if mv.reason:
-                    row["reason"] = mv.reason
-                rows.append(row)
-            if ready_only:
-                continue
-            down = sorted(v for v in entry.down if v not in entry.versions)
-            for v in down:
-                rows.append({"name": name, "version": str(v), "state": "UNAVAILABLE", "reason": entry.down[v]})
-            if entry.problem and not entry.versions and all(entry.down[v].startswith("unloaded") for v in down):
-                # the load failed before any version started (else its versions' rows say why)
-                rows.append({"name": name, "state": "UNAVAILABLE", "reason": entry.problem})
-        return rows
+            self.residency.unloaded(key)
+        log.info("unloading '%s'", key)
 
     # -- polling -----------------------------------------------------------------------------
     async def poll(self, interval: float, seen: dict) -> None:
@@ -310,133 +269,121 @@ class ModelManager:
     async def poll_once(self, seen: dict) -> dict:
         """One look at the repositories since `seen` (their fingerprints then); the fingerprints now."""
         now = await self.repositories.fingerprints()
-        for name in sorted(set(seen) | set(now)):
-            if name not in now:
-                await self.unload(name)
-            elif seen.get(name) != now[name]:
+        for key in sorted(set(seen) | set(now)):
+            if key not in now:
+                await self._unload(key)
+            elif seen.get(key) != now[key]:
                 try:
-                    await self.load(name)
-                    log.info("reloaded '%s' after a change in the repository", name)
+                    await self._load(key)
+                    log.info("reloaded '%s' after a change in the repository", key)
                 except ServerError:
                     pass  # logged by load(); the old versions keep serving
         return now
 
-    def all_ready(self) -> bool:
-        return all(not e.problem and all(v.state == "READY" for v in e.versions.values())
-                   for e in self.models.values() if e.versions or e.problem)
-
-    def ready_versions(self) -> list[ServedVersion]:
-        """Every model version in the READY state."""
-        return [v for e in self.models.values() for v in e.versions.values() if v.state == "READY"]
-
-    def failures(self) -> list[str]:
-        out = []
-        for e in self.models.values():
-            if e.problem:
-                out.append(f"{e.name}: {e.problem}")
-            for v in e.versions.values():
-                if v.state != "READY":
-                    out.append(f"{e.name} version {v.version}: {v.reason}")
-        return out
-
-    def entry(self, name: str) -> ModelEntry:
-        entry = self.models.get(name)
+    def entry(self, name: str, near: str = "") -> ModelEntry:
+        entry = self.models.get(self.find(name, near))
         if entry is None:
             raise not_found(f"Request for unknown model: '{name}' is not found")
         return entry
 
-    async def resolve(self, name: str, version: str = "") -> ServedVersion:
+    async def resolve(self, name: str, version: str = "", near: str = "") -> ServedVersion:
         """`get`, after loading the model where it is not resident (--load-on-demand)."""
         try:
-            return self.get(name, version)
+            return self.get(name, version, near)
         except NotResident:
-            await self._resident(name)
-            return self.get(name, version)
+            await self._resident(self.find(name, near))
+            return self.get(name, version, near)
 
     # -- loading on demand (--load-on-demand) ----------------------------------------------
-    async def _resident(self, name: str) -> None:
-        """Load the model `name` of the repositories if it is not resident, and wait for it (up to
+    async def _resident(self, key: str) -> None:
+        """Load the model `key` of the repositories if it is not resident, and wait for it (up to
         --load-on-demand-timeout-secs); a load already under way for another request is waited for,
         not started again."""
-        task = self._loading.get(name)
+        task = self._loading.get(key)
         if task is None:
-            task = self._loading[name] = asyncio.get_running_loop().create_task(self._load_on_demand(name))
-            task.add_done_callback(lambda _: self._loading.pop(name, None))
-        self._waiting[name] = self._waiting.get(name, 0) + 1
+            task = self._loading[key] = asyncio.get_running_loop().create_task(self._load_on_demand(key))
+            task.add_done_callback(lambda _: self._loading.pop(key, None))
+        self._waiting[key] = self._waiting.get(key, 0) + 1
         wait = self.settings.load_on_demand_wait
         try:
             await asyncio.wait_for(asyncio.shield(task), wait if wait > 0 else None)
         except asyncio.TimeoutError:
-            raise ServerError(f"model '{name}' was not loaded within {wait:g}s of the request "
-                              "(--load-on-demand-timeout-secs); its load goes on", Status.UNAVAILABLE) from None
+            raise ServerError(f"model '{self.repositories.identity(key)[1]}' was not loaded within {wait:g}s of "
+                              "the request (--load-on-demand-timeout-secs); its load goes on",
+                              Status.UNAVAILABLE) from None
         finally:
-            left = self._waiting[name] - 1
+            left = self._waiting[key] - 1
             if left:
-                self._waiting[name] = left
+                self._waiting[key] = left
             else:
-                del self._waiting[name]
+                del self._waiting[key]
 
-    async def _load_on_demand(self, name: str) -> None:
+    async def _load_on_demand(self, key: str) -> None:
         residency = self.residency
         assert residency is not None, "only where models load on demand"
-        if name not in self.models and not self.repositories.in_repository(name):
+        if key not in self.models and not self.repositories.in_repository(key):
             await self.repositories.refresh()  # it may have been put in an object store since its last listing
-            if not self.repositories.in_repository(name):
-                raise not_found(f"Request for unknown model: '{name}' is not found")
-        for victim in residency.victims(name, self._in_use):
-            log.info("unloading '%s' to make room for '%s' (least recently used)", victim, name)
+            if not self.repositories.in_repository(key):
+                raise not_found(f"Request for unknown model: '{self.repositories.identity(key)[1]}' is not found")
+        for victim in residency.victims(key, self._in_use):
+            log.info("unloading '%s' to make room for '%s' (least recently used)", victim, key)
             residency.evictions += 1
-            await self.unload(victim, "unloaded: least recently used, to make room (--load-on-demand loads it "
-                                      "again on its next request)")
+            await self._unload(victim, "unloaded: least recently used, to make room (--load-on-demand loads it "
+                                       "again on its next request)")
         started = time.monotonic()
-        await self.load(name)
+        await self._load(key)
         residency.loads += 1
-        log.info("loaded '%s' on demand in %.2fs (%d resident)", name, time.monotonic() - started,
+        log.info("loaded '%s' on demand in %.2fs (%d resident)", key, time.monotonic() - started,
                  len(residency.lru))
 
     async def release(self, name: str, why: str) -> bool:
         """Unload a model resident on demand now, as a router that places models asks (Ray Serve's
         model multiplexing, when it drops the model from this replica); one in use or loading stays,
         for the budget to unload when it is not. Whether it was unloaded."""
-        if self.residency is None or name not in self.residency.lru or name in self._loading or self._in_use(name):
+        key = self.find(name)
+        if self.residency is None or key not in self.residency.lru or key in self._loading or self._in_use(key):
             return False
-        log.info("unloading '%s': %s", name, why)
-        await self.unload(name, f"unloaded: {why} (--load-on-demand loads it again on its next request)")
+        log.info("unloading '%s': %s", key, why)
+        await self._unload(key, f"unloaded: {why} (--load-on-demand loads it again on its next request)")
         return True
 
-    def _in_use(self, name: str) -> bool:
+    def _in_use(self, key: str) -> bool:
         """Requests waiting for its load, queued or running, sequences open, or an ensemble that runs it
         loaded."""
-        if name in self._waiting:
+        if key in self._waiting:
             return True
-        entry = self.models.get(name)
+        entry = self.models.get(key)
         if entry is None:
             return False
         if any(mv.scheduler.busy() or mv.scheduler.keeps_state() for mv in entry.versions.values()):
             return True
-        return bool(self.dependents(name))
+        return bool(self.dependents(entry.name))
 
     def residency_summary(self) -> dict | None:
         """The residency for the status document; None where models do not load on demand."""
         return self.residency.summary(list(self._loading)) if self.residency is not None else None
 
-    def get(self, name: str, version: str = "") -> ServedVersion:
+    def get(self, name: str, version: str = "", near: str = "") -> ServedVersion:
         """The ready model version a request is for (the highest ready one without a version), as
-        Triton finds it: INVALID_ARG for a version string that is no version, NOT_FOUND for an unknown
-        model or version, UNAVAILABLE for a known version that is not ready. With --load-on-demand,
-        NotResident for a model of the repositories that has no version loaded (`resolve` loads it)."""
+        Triton finds it: INVALID_ARG for a version string that is no version or an ambiguous name
+        (`find`; `near`: the caller's namespace), NOT_FOUND for an unknown model or version,
+        UNAVAILABLE for a known version that is not ready. With --load-on-demand, NotResident for a
+        model of the repositories that has no version loaded (`resolve` loads it)."""
         number = parse_version(version) if version else -1
+        key = self.find(name, near) if self.namespacing else name
         residency = self.residency
         if residency is not None:
-            entry_or_none = self.models.get(name)
+            entry_or_none = self.models.get(key)
             if entry_or_none is None or not entry_or_none.versions:
                 # an unknown name may be a model put in an object store since its last listing
-                if entry_or_none is not None or self.repositories.in_repository(name) or self.repositories.remote:
+                if entry_or_none is not None or self.repositories.in_repository(key) or self.repositories.remote:
                     raise NotResident(f"model '{name}' is not loaded: it loads on its first request "
                                       "(--load-on-demand)")
             else:
-                residency.used(name)
-        entry = self.entry(name)
+                residency.used(key)
+        entry = self.models.get(key)
+        if entry is None:
+            raise not_found(f"Request for unknown model: '{name}' is not found")
         if number >= 0:
             mv = entry.versions.get(number)
             if mv is None and number not in entry.down:

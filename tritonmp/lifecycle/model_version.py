@@ -42,8 +42,9 @@ log = get_logger("models")
 class ModelVersion:
     def __init__(self, name: str, version: int, completed: cfg.Completed, specs: list[InstanceSpec],
                  settings: ServerSettings, services: ModelServices, poll: BusyPoll = NO_BUSY_POLL,
-                 templates: WorkerTemplates | None = None):
+                 templates: WorkerTemplates | None = None, namespace: str = ""):
         self.name = name
+        self.namespace = namespace  # its repository, with --model-namespacing
         self.version = version
         self.config = completed.config
         self.backend = completed.backend
@@ -69,7 +70,7 @@ class ModelVersion:
             decoupled=c.model_transaction_policy.decoupled, null_rows=placeholder_rows(c),
             execution_timeout=_execution_timeout(c, settings.execution_timeout), busy_poll=poll,
             warmup=tuple(warmup_requests(c, completed.model_dir)), reshapes=Reshapes.of(c),
-            ragged=None if one_by_one else Ragged.of(c))
+            ragged=None if one_by_one else Ragged.of(c), namespace=namespace)
         self.pool = InstancePool(launch, instance_settings, specs, services, self._crash_looped)
         db = c.dynamic_batching if c.HasField("dynamic_batching") else None
         policy = BatchPolicy(c.max_batch_size, db is not None,

@@ -1,7 +1,8 @@
-"""The model repositories, local directories and object stores: which one holds which model, a model's
-local directory for a load (an object store's copied to a private folder), their fingerprints (to
-notice changes when polling), the files a load request sends written to a private directory, and a
-load failure worded without this server's paths."""
+"""The model repositories, local directories and object stores: which one holds which model (by its
+key: its name, or with --model-namespacing its repository and name), a model's local directory for a
+load (an object store's copied to a private folder), their fingerprints (to notice changes when
+polling), the files a load request sends written to a private directory, and a load failure worded
+without this server's paths."""
 
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ MOUNT_DIRECTORIES = {"s3": "TRITON_AWS_MOUNT_DIRECTORY", "gs": "TRITON_GCS_MOUNT
                      "as": "TRITON_AZURE_MOUNT_DIRECTORY"}
 
 
+def model_key(namespace: str, name: str) -> str:
+    """What the server knows a model by: its name, or with --model-namespacing its namespace (the
+    repository holding it, as given) and its name, as Triton writes them ("<repository>::<name>")."""
+    return f"{namespace}::{name}" if namespace else name
+
+
 def valid_model_name(name: str) -> bool:
     """A name that can only ever mean a directory directly inside a repository."""
     return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0") \
@@ -38,8 +45,10 @@ class Repositories:
     TRITON_AZURE_MOUNT_DIRECTORY, else a temporary folder of this server), which goes when the versions
     loaded from it have retired; the stores' listings are what `discover` reads of them."""
 
-    def __init__(self, paths: list[str]):
+    def __init__(self, paths: list[str], namespacing: bool = False):
         self.paths = paths
+        self.namespacing = namespacing  # --model-namespacing: each repository is a namespace of its own
+        self.identities: dict[str, tuple[str, str]] = {}  # a model key seen -> (its namespace, its name)
         self.remote = {p: RemoteRepository(p) for p in paths if is_remote(p)}
         self._listed: dict[str, Listing] = {}  # an object-store repository's last listing, by URI
         self._refresh: asyncio.Future[None] | None = None  # the listing under way, shared by its callers
@@ -58,7 +67,7 @@ class Repositories:
             raise ServerError(f"model repository '{path}' has already been registered", Status.ALREADY_EXISTS)
         if not os.path.isdir(path):
             raise invalid(f"failed to register '{path}', repository not found")
-        found = self.discover()
+        found = {} if self.namespacing else self.discover()  # namespaces keep same names apart
         for name in names.values():
             if name in found:
                 raise ServerError(f"failed to register '{path}', there is a conflicting model name '{name}'",
@@ -70,18 +79,26 @@ class Repositories:
 
     # -- what the repositories hold ---------------------------------------------------------
     def discover(self) -> dict[str, list[str]]:
-        """Model name -> where a model of that name is (its directory, or its URI in an object store),
-        repository order. Object stores as their last listing saw them."""
+        """Model key (model_key) -> where a model of that key is (its directory, or its URI in an object
+        store), repository order; without namespacing several repositories may hold one name. Object
+        stores as their last listing saw them."""
         found: dict[str, list[str]] = {}
+
+        def add(namespace: str, name: str, where: str) -> None:
+            namespace = namespace if self.namespacing else ""
+            key = model_key(namespace, name)
+            self.identities[key] = (namespace, name)
+            found.setdefault(key, []).append(where)
+
         for path, renamed in self.registered.items():
             for folder in sorted(os.listdir(path)) if os.path.isdir(path) else ():
                 if os.path.isdir(os.path.join(path, folder)) and valid_model_name(renamed.get(folder, folder)):
-                    found.setdefault(renamed.get(folder, folder), []).append(os.path.join(path, folder))
+                    add(path, renamed.get(folder, folder), os.path.join(path, folder))
         for repo in self.paths:
             if repo in self.remote:
                 for name in sorted(self._listed.get(repo, {})):
                     if valid_model_name(name):
-                        found.setdefault(name, []).append(f"{repo}/{name}")
+                        add(repo, name, f"{repo}/{name}")
                 continue
             try:
                 names = sorted(os.listdir(repo))
@@ -91,22 +108,32 @@ class Repositories:
             for name in names:
                 path = os.path.join(repo, name)
                 if valid_model_name(name) and os.path.isdir(path):
-                    found.setdefault(name, []).append(path)
+                    add(repo, name, path)
         return found
 
-    def source(self, name: str) -> str:
-        """Where the one model `name` of the repositories is; a failed poll when none or several hold it."""
+    def identity(self, key: str) -> tuple[str, str]:
+        """(namespace, name) of a model key: ("", key) for a name without a namespace."""
+        return self.identities.get(key, ("", key))
+
+    def keys_named(self, name: str) -> list[str]:
+        """The keys of the repositories' models called `name`: one at most without namespacing."""
+        return [k for k in self.discover() if self.identity(k)[1] == name]
+
+    def source(self, key: str) -> str:
+        """Where the one model `key` of the repositories is; a failed poll when none or several hold it."""
+        name = self.identity(key)[1]
         if not valid_model_name(name):
             raise poll_failed(name, "not a valid model name")
-        found = self.discover().get(name)
+        found = self.discover().get(key)
         if not found:
             raise poll_failed(name, f"no model directory '{name}' in the model repositories")
         if len(found) > 1:
-            raise poll_failed(name, f"model '{name}' appears in {len(found)} model repositories; keep one")
+            raise poll_failed(name, f"model '{name}' appears in {len(found)} model repositories; keep one, "
+                                    "or start the server with --model-namespacing=true to serve each")
         return found[0]
 
-    def in_repository(self, name: str) -> bool:
-        return valid_model_name(name) and name in self.discover()
+    def in_repository(self, key: str) -> bool:
+        return valid_model_name(self.identity(key)[1]) and key in self.discover()
 
     def public(self, name: str, message: str, files_dir: str = "") -> str:
         """A load failure as clients see it: Triton's `failed to load '<name>', ` first (clients
@@ -146,12 +173,13 @@ class Repositories:
             else:
                 self._listed[uri] = listing
 
-    async def localize(self, name: str) -> tuple[str, str]:
-        """The local directory of model `name` for a load: (a private folder to remove once the
+    async def localize(self, key: str) -> tuple[str, str]:
+        """The local directory of model `key` for a load: (a private folder to remove once the
         versions loaded from it have retired, or "" for a local repository; the model directory). A
         model of an object store is listed and copied afresh; a failure fails the load with the
         store's reason."""
-        where = self.source(name)
+        where = self.source(key)
+        name = self.identity(key)[1]
         repo = next((r for uri, r in self.remote.items() if where == f"{uri}/{name}"), None)
         if repo is None:
             return "", where
@@ -222,19 +250,20 @@ class Repositories:
 
     # -- polling ------------------------------------------------------------------------------
     async def fingerprints(self) -> dict[str, tuple]:
-        """Per model: where it is and what it holds (a local file's path, size and mtime; an object's
+        """Per model key: where it is and what it holds (a local file's path, size and mtime; an object's
         path, size and ETag), to notice changes. Object stores are listed again first."""
         await self.refresh()
         found = self.discover()
         local = await asyncio.to_thread(_local_fingerprints, {n: w[0] for n, w in found.items()
                                                               if not is_remote(w[0])})
         out: dict[str, tuple] = {}
-        for name, where in found.items():
-            if name in local:
-                out[name] = (where[0], local[name])
+        for key, where in found.items():
+            if key in local:
+                out[key] = (where[0], local[key])
             else:
+                name = self.identity(key)[1]
                 listing = self._listed.get(where[0][:-len(name) - 1], {})
-                out[name] = (where[0], tuple((f.path, f.size, f.tag) for f in listing.get(name, ())))
+                out[key] = (where[0], tuple((f.path, f.size, f.tag) for f in listing.get(name, ())))
         return out
 
 

@@ -140,12 +140,19 @@ GPU_METRICS = {
 }
 
 
+def model_labels(name: str, namespace: str, version: str) -> dict[str, str]:
+    """A model version's labels, as Triton's: its namespace only with --model-namespacing."""
+    if namespace:
+        return {"model": name, "namespace": namespace, "version": version}
+    return {"model": name, "version": version}
+
+
 def _per_version(out: Exposition, metrics: list[VersionMetric], versions: list[ServedVersion]) -> None:
     for metric in metrics:
         out.family(metric.name, metric.kind, metric.help)
         for mv in versions:
             for value, labels in metric.samples(mv):
-                out.sample(metric.name, value, model=mv.name, version=str(mv.version), **labels)
+                out.sample(metric.name, value, **model_labels(mv.name, mv.namespace, str(mv.version)), **labels)
 
 
 def render(models: ModelManager, system: SystemSampler) -> bytes:
@@ -169,15 +176,16 @@ def render(models: ModelManager, system: SystemSampler) -> bytes:
         out.family(h.name, "histogram", h.help)
         for mv in versions:
             counts, total = h.read(mv)
-            out.histogram(h.name, h.bounds, counts, total, model=mv.name, version=str(mv.version))
+            out.histogram(h.name, h.bounds, counts, total, **model_labels(mv.name, mv.namespace, str(mv.version)))
     out.family("tritonmp_model_ready", "gauge",
                "1 when the model version is READY, 0 when it is loading, unloading or unavailable (a model "
                "that failed to load has version \"\"; models unloaded on purpose are not listed)")
-    for name, entry in sorted(models.models.items()):
+    for _, entry in sorted(models.models.items()):
         for version, mv in sorted(entry.versions.items()):
-            out.sample("tritonmp_model_ready", int(mv.state == "READY"), model=name, version=str(version))
+            out.sample("tritonmp_model_ready", int(mv.state == "READY"),
+                       **model_labels(entry.name, entry.namespace, str(version)))
         if entry.problem and not entry.versions:
-            out.sample("tritonmp_model_ready", 0, model=name, version="")
+            out.sample("tritonmp_model_ready", 0, **model_labels(entry.name, entry.namespace, ""))
     residency = models.residency
     if residency is not None:  # --load-on-demand
         out.family("tritonmp_model_resident", "gauge", "1 for each model loaded on demand and resident now")

@@ -74,7 +74,7 @@ class StatusHistory:
 
     def __init__(self, models: ModelManager):
         self.models = models
-        self.samples: dict[tuple[str, int], deque[_Sample]] = {}
+        self.samples: dict[tuple[str, str, int], deque[_Sample]] = {}  # (namespace, name, version) ->
         self.started = time.time()
 
     def sample(self) -> None:
@@ -82,7 +82,7 @@ class StatusHistory:
         live = set()
         for entry in self.models.models.values():
             for mv in entry.versions.values():
-                key = (mv.name, mv.version)
+                key = (mv.namespace, mv.name, mv.version)
                 live.add(key)
                 history = self.samples.get(key)
                 if history is None or history[-1].success > mv.stats.counts["success"]:  # new, or reloaded
@@ -100,7 +100,7 @@ class StatusHistory:
     def series(self, mv: ServedVersion) -> tuple[dict, dict]:
         """The rates over the last WINDOW_SECONDS, and the history in SERIES_STEP-sample steps (one
         list per figure, oldest first)."""
-        history = list(self.samples.get((mv.name, mv.version), ()))
+        history = list(self.samples.get((mv.namespace, mv.name, mv.version), ()))
         now = _Sample(time.time(), mv.stats)
         if not history:  # loaded since the last sample: its counters began at zero since then at most
             start = _Sample(max(self.started, now.at - SAMPLE_SECONDS))
@@ -124,7 +124,8 @@ def _version(mv: ServedVersion, history: StatusHistory) -> dict:
     s = mv.stats
     window, points = history.series(mv)
     batches = {str(size): entry[0] for size, entry in sorted(s.batches.items())}
-    return {"name": mv.name, "version": str(mv.version), "state": mv.state, "reason": mv.reason or None,
+    return {"name": mv.name, "namespace": mv.namespace or None, "version": str(mv.version), "state": mv.state,
+            "reason": mv.reason or None,
             "backend": mv.backend, "max_batch_size": mv.max_batch_size,
             "instances": [_instance(i) for i in mv.instances()],
             "requests": {"success": s.counts["success"], "failure": s.counts["fail"],
@@ -145,12 +146,14 @@ def status(models: ModelManager, shm: SharedMemoryRegistry, started: float, load
     for _, entry in sorted(models.models.items()):
         for _, mv in sorted(entry.versions.items()):
             rows.append(_version(mv, history))
-            shown.add((mv.name, str(mv.version)))
-    for row in models.index():  # what has no live version: unloaded, failed to load, not loaded yet
-        if (row["name"], row.get("version")) not in shown and "state" in row:
-            rows.append({"name": row["name"], "version": row.get("version"), "state": row["state"],
-                         "reason": row.get("reason"), "instances": []})
-    rows.sort(key=lambda r: (r["name"], int(r["version"]) if (r.get("version") or "").isdigit() else -1))
+            shown.add((mv.namespace or None, mv.name, str(mv.version)))
+    for row in models.index(namespaces=True):  # what has no live version: unloaded, failed to load, not loaded yet
+        namespace = row.get("namespace")
+        if (namespace, row["name"], row.get("version")) not in shown and "state" in row:
+            rows.append({"name": row["name"], "namespace": namespace, "version": row.get("version"),
+                         "state": row["state"], "reason": row.get("reason"), "instances": []})
+    rows.sort(key=lambda r: (r["name"], r["namespace"] or "",
+                             int(r["version"]) if (r.get("version") or "").isdigit() else -1))
     regions = [{"name": r.name, "kind": r.kind, "key": r.key or None, "offset": r.offset, "byte_size": r.byte_size,
                 "device_id": r.device_id if r.kind == "cuda" else None}
                for r in sorted(shm.regions.values(), key=lambda r: r.name)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -279,16 +280,21 @@ def check(config: mc.ModelConfig, found: FoundModel, path: str) -> list[ConfigPr
     return problems
 
 
+_PLAIN_MODEL_CLASS = re.compile(r"^class\s+TritonPythonModel\s*(\(\s*(object)?\s*\))?\s*:", re.MULTILINE)
+
+
 def python_complete(config: mc.ModelConfig, model_py: str) -> None:
     """Let the model's own `auto_complete_config` fill the config, as Triton's python backend does.
-    Runs in a short-lived process (the frontend never imports model code), and only when the
-    model file defines one."""
+    Runs in a short-lived process (the frontend never imports model code), unless the model file
+    itself defines TritonPythonModel with no base class and never names the method (a model that
+    imports its class from elsewhere, or derives it, may have one)."""
     import subprocess
     import sys
 
     with open(model_py, encoding="utf-8", errors="replace") as f:
-        if "auto_complete_config" not in f.read():
-            return
+        source = f.read()
+    if "auto_complete_config" not in source and _PLAIN_MODEL_CLASS.search(source):
+        return
     result = subprocess.run([sys.executable, "-m", "tritonmp.workers.autocomplete", model_py],
                             input=json.dumps(to_json(config)), capture_output=True, text=True, timeout=120,
                             env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})

@@ -130,7 +130,7 @@ _TYPES = {
 # options this server has no counterpart for: only their defaults are accepted
 _WITHOUT_COUNTERPART = ("rate_limiter_resources", "pinned_memory_pool_size", "cuda_memory_pool_sizes",
                         "cache_directory", "min_supported_compute_capability", "buffer_manager_thread_count",
-                        "model_namespacing", "enable_peer_access", "backend_directory",
+                        "enable_peer_access", "backend_directory",
                         "repo_agent_directory", "model_load_device_limits", "host_policies", "metrics_configuration")
 _DEFAULTS = Options()
 _live_servers: weakref.WeakSet = weakref.WeakSet()
@@ -372,7 +372,8 @@ class Server:
             max_resident_models=options.max_resident_models,
             max_resident_memory_bytes=options.max_resident_memory_mb << 20,
             load_on_demand_wait=float(options.load_on_demand_timeout), load_threads=options.model_load_thread_count,
-            load_retries=options.model_load_retry_count, flags=_given_options(options))
+            load_retries=options.model_load_retry_count, model_namespacing=options.model_namespacing,
+            flags=_given_options(options))
         try:
             settings.check(lambda name: _OPTIONS.get(name, f"Options.{name}"))
         except SettingsError as e:
