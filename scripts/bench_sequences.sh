@@ -72,18 +72,7 @@ MODEL
 
 start() {  # strategy: both servers on a repository of that strategy
   rm -rf "$work/repo" && mkdir -p "$work/repo" && write_model "$work/repo" "$1"
-  "$py" -m tritonmp --model-repository "$work/repo" --http-port "$mp_http" --grpc-port "$mp_grpc" \
-    --metrics-port "$mp_metrics" >"$work/tritonmp.log" 2>&1 &
-  mp_pid=$!; pids+=($mp_pid)
-  "$anchors_dir/bin/tritonserver-ref" --model-repository "$work/repo" --http-port "$ref_http" \
-    --grpc-port "$ref_grpc" --metrics-port "$ref_metrics" >"$work/triton.log" 2>&1 &
-  ref_pid=$!; pids+=($ref_pid)
-  wait_ready "$mp_http" "$work/tritonmp.log"
-  wait_ready "$ref_http" "$work/triton.log"
-}
-stop() {
-  kill "$mp_pid" "$ref_pid" 2>/dev/null || true
-  wait "$mp_pid" "$ref_pid" 2>/dev/null || true
+  start_servers "$work/repo"
 }
 
 results="$work/results.tsv"
@@ -110,7 +99,7 @@ PY
       done
     done
   done
-  stop
+  stop_servers
 done
 
 "$py" - "$results" "$sequences" "$length" <<'PY'

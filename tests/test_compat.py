@@ -1208,3 +1208,40 @@ def test_model_namespacing_matches(tmp_path):
     assert mine.pop("bls_up") == [11, 21] and mine.pop("bls_down") == [9, 19]
     assert mine == theirs
     assert mine["ensemble_up"] == [11, 21] and "resolve ambiguity" in mine["step"][1]
+
+
+def _index_states(server) -> dict[str, tuple[str, str]]:
+    status, _, body = http_request(server.http_port, "POST", "/v2/repository/index")
+    assert status == 200
+    return {r["name"]: (r.get("state"), r.get("reason", "")) for r in orjson.loads(body)}
+
+
+@pytest.mark.parametrize("case", ["too few", "global and per device"])
+def test_rate_limiter_refusals_match(tmp_path, case):
+    from test_rate_limiter import TIMED_CONFIG, TIMED_PY
+
+    repo = tmp_path / "repo"
+    plain = TIMED_CONFIG.replace("{extra}", "")
+    shared = plain.replace('"R", count: 2', '"R", global: true, count: 1')
+    if case == "too few":  # a count given for another device only: none here, but the global count is the default
+        write_model(repo, "greedy", TIMED_PY, plain.replace("count: 2 }", "count: 4 }"))
+        write_model(repo, "other", TIMED_PY, shared.replace('"R"', '"S"'))
+        args = ("--rate-limit-resource=R:10:10", "--rate-limit-resource=S:10:10")
+    else:
+        write_model(repo, "per_device", TIMED_PY, plain)
+        write_model(repo, "shared", TIMED_PY, shared)
+        args = ()
+    args = ("--load-model=*", "--rate-limit=execution_count", *args, "--exit-on-error=false",
+            "--strict-readiness=false")
+    with both_serving(repo, tmp_path, args) as (ours, ref):
+        mine, theirs = _index_states(ours), _index_states(ref)
+    if case == "too few":
+        assert mine["other"][0] == theirs["other"][0] == "READY", (mine, theirs)
+        words = ('Resource count for "R" is limited to 0 which will prevent scheduling of one or more model '
+                 "instances, the minimum required count is 4")
+        assert words in mine["greedy"][1] and words in theirs["greedy"][1], (mine, theirs)
+    else:  # the one that loads second fails
+        for states in (mine, theirs):
+            assert sorted(state for state, _ in states.values()) == ["READY", "UNAVAILABLE"], states
+            assert any('Resource "R" is present as both global and device-specific resource in the model '
+                       "configuration." in reason for _, reason in states.values()), states

@@ -648,8 +648,7 @@ def test_a_server_dropped_without_stop_stops_its_workers(example_repo):
 
 def test_options_without_a_counterpart_are_refused_not_ignored(server):
     repo = str(EXAMPLE_REPO)
-    refusals = [dict(rate_limiter_mode=tritonserver.RateLimitMode.EXEC_COUNT),
-                dict(cache_config={"redis": {"host": "x"}}),
+    refusals = [dict(cache_config={"redis": {"host": "x"}}),
                 dict(backend_configuration={"onnxruntime": {"enable-global-threadpool": "1"}}),
                 dict(pinned_memory_pool_size=0)]
     for options in refusals:
@@ -662,6 +661,16 @@ def test_options_without_a_counterpart_are_refused_not_ignored(server):
         list(server.model("add").infer(inputs={"A": ONES, "B": ONES}, output_memory_type="disk"))
     with pytest.raises(tritonserver.InvalidArgumentError, match="asyncio.Queue"):
         server.model("add").infer(inputs={"A": ONES, "B": ONES}, response_queue=asyncio.Queue())
+
+
+def test_the_rate_limiter_options_reach_the_server(tmp_path):
+    from test_rate_limiter import TIMED_CONFIG, TIMED_PY
+
+    write_model(tmp_path, "greedy", TIMED_PY, TIMED_CONFIG.replace("{extra}", "").replace("count: 2 }", "count: 4 }"))
+    options = dict(rate_limiter_mode=tritonserver.RateLimitMode.EXEC_COUNT,
+                   rate_limiter_resources=[tritonserver.RateLimiterResource("R", 1, 0)])
+    with pytest.raises(tritonserver.InternalError, match='Resource count for "R" is limited to 1 which will prevent'):
+        tritonserver.Server(model_repository=str(tmp_path), **options).start()
 
 
 def test_options_that_contradict_each_other_are_refused_in_the_options_own_words():

@@ -249,6 +249,7 @@ def serve(argv: list[str]) -> int:
         max_resident_models=args.max_resident_models, max_resident_memory_bytes=args.max_resident_memory_mb << 20,
         load_on_demand_wait=args.load_on_demand_timeout_secs, load_threads=args.model_load_thread_count,
         load_retries=args.model_load_retry_count, model_namespacing=args.model_namespacing,
+        rate_limit=args.rate_limit == "execution_count", rate_limit_resources=args.rate_limit_resource,
         model_control=args.model_control_mode, load_models=args.load_model, poll_secs=args.repository_poll_secs,
         server_id=args.id, strict_readiness=args.strict_readiness, allow_client_shm=args.allow_client_shm,
         exit_on_error=args.exit_on_error, exit_timeout=args.exit_timeout_secs,

@@ -34,6 +34,9 @@ class ServerSettings:
     load_threads: int = 4  # --model-load-thread-count: models loading at once (an ensemble's own step waits for none)
     load_retries: int = 0  # --model-load-retry-count: a failed load is tried again this many times
     model_namespacing: bool = False  # --model-namespacing: each repository's models are a namespace of their own
+    rate_limit: bool = False  # --rate-limit=execution_count: instances run batches as the rate limiter grants
+    # --rate-limit-resource NAME:COUNT[:DEVICE]: the server's resources (device None: on every device)
+    rate_limit_resources: list[tuple[str, int, int | None]] = field(default_factory=list)
     busy_poll_us: int = DEFAULT_BUSY_POLL_US  # the loop polls this long after a batch
     heap_retain_bytes: int = 1 << 30  # --worker-heap-retain-mb: freed memory a worker keeps for reuse
     worker_start: str = "fork"  # --worker-start: "fork" from a template per backend, or "exec" each

@@ -6,9 +6,10 @@ sets for the server it starts, read here and nowhere else. Nothing a deployment 
 - TRITONMP_WORKER_IDLE_TRIM_S=1: a worker gives the memory it keeps for reuse back to the system
   after this many idle seconds (10 otherwise), so a test need not wait for it.
 - TRITONSERVER_DELAY_SCHEDULER=N and TRITONSERVER_BACKLOG_DELAY_SCHEDULER=M, Triton's own hooks for
-  its qa tests of the sequence batcher (qa/L0_sequence_batcher), which they set for the server they
-  start: the sequence batcher forms no batch until N requests wait in its slots (and M in its
-  backlog), so that a test knows which requests run together; from then on it batches as usual.
+  its qa tests of the sequence batcher (qa/L0_sequence_batcher) and the dynamic batcher
+  (qa/L0_rate_limiter), which they set for the server they start: the sequence batcher forms no
+  batch until N requests wait in its slots (and M in its backlog), the dynamic batcher until N wait
+  in its queue, so that a test knows which requests run together; from then on they batch as usual.
 - TRITONMP_TEMPLATE_FAILS="python,...": the worker templates of these backends exit before they
   are ready (as one whose framework crashed it at import), so that a test sees their workers
   started by exec instead.
@@ -51,9 +52,9 @@ def template_fails(backend: str) -> bool:
 CHECK_FAST_PATHS = os.environ.get("TRITONMP_CHECK_FAST_PATHS") == "1"
 
 
-def sequence_batcher_delays() -> tuple[int, int]:
-    """The requests the sequence batcher waits for before its first batch: (in its slots, in its
-    backlog); (0, 0) but in Triton's qa tests."""
+def scheduler_delays() -> tuple[int, int]:
+    """The requests the batchers wait for before their first batch: (in the sequence batcher's slots,
+    or the dynamic batcher's queue; in the sequence batcher's backlog); (0, 0) but in Triton's qa tests."""
     def count(name: str) -> int:
         text = os.environ.get(name, "")
         return int(text) if text.isdigit() else 0

@@ -10,6 +10,7 @@ import argparse
 import logging
 import re
 
+from .instances.rate_limiter import parse_resource
 from .settings import DEFAULTS
 
 # flag -> why it means nothing in this server
@@ -27,8 +28,6 @@ IGNORED = {
     "--backend-directory": "backends are part of this package",
     "--repoagent-directory": "repository agents are not run",
     "--cache-directory": "the response cache is built in (--cache-config local,size=...)",
-    "--rate-limit": "instances run one batch at a time each; there is no rate limiter to configure",
-    "--rate-limit-resource": "there is no rate limiter",
     "--pinned-memory-pool-byte-size": "tensors move through shared-memory arenas (--arena-mb)",
     "--cuda-memory-pool-byte-size": "each GPU worker allocates through its framework",
     "--cuda-virtual-address-size": "each GPU worker allocates through its framework",
@@ -68,6 +67,13 @@ def add_to(parser: argparse.ArgumentParser) -> None:
                         help="models loading at once (their config checks and their workers' starts)")
     parser.add_argument("--model-load-retry-count", type=parse_int, default=DEFAULTS.load_retries, metavar="N",
                         help="times a failed load is tried again")
+    parser.add_argument("--rate-limit", type=parse_mode, default="off", choices=("off", "execution_count"),
+                        help="execution_count: an instance runs a batch only once the resources its instance group's "
+                             "rate_limiter names are free, the least run weighed by priority first")
+    parser.add_argument("--rate-limit-resource", action="append", default=[], type=parse_rate_limit_resource,
+                        metavar="NAME:COUNT[:DEVICE]",
+                        help="a resource the server has for the rate limiter (without a device, on every device); "
+                             "a resource not given has the most any instance asks for")
     parser.add_argument("--model-namespacing", type=parse_bool, default=DEFAULTS.model_namespacing,
                         help="each model repository is a namespace: models of one name in several repositories "
                              "load side by side, an ensemble's and a BLS call's models are looked for in their own "
@@ -144,6 +150,13 @@ def parse_range(text: str) -> tuple[int, int]:
     if not sep:
         raise argparse.ArgumentTypeError(f"expected LOW-HIGH, got '{text}'")
     return parse_int(low), parse_int(high)
+
+
+def parse_rate_limit_resource(text: str) -> tuple[str, int, int | None]:
+    try:
+        return parse_resource(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parse_mode(text: str) -> str:

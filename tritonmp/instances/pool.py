@@ -14,6 +14,7 @@ from ..observability.stats import ModelStats
 from .contract import InstanceSettings, InstanceSnapshot
 from .instance import Instance
 from .model_calls import ModelServices
+from .rate_limiter import RateLimiter, RateLimitError, Ticket
 from .worker_process import InstanceSpec, LaunchSpec, LoadError
 
 __all__ = ["Instance", "InstancePool", "InstanceSettings", "InstanceSnapshot", "InstanceSpec", "LaunchSpec",
@@ -24,7 +25,8 @@ class InstancePool:
     """The instances of one model version and the queue of those ready for work (instance.PoolHooks)."""
 
     def __init__(self, launch: LaunchSpec, settings: InstanceSettings, specs: list[InstanceSpec],
-                 services: ModelServices, on_unavailable: Callable[[str], None] = lambda why: None):
+                 services: ModelServices, on_unavailable: Callable[[str], None] = lambda why: None,
+                 limiter: RateLimiter | None = None):
         self.settings = settings
         self.services = services
         self.on_unavailable = on_unavailable  # the model version must go down, and why
@@ -35,6 +37,8 @@ class InstancePool:
         self.stats = ModelStats(settings.model_name, settings.version)
         self.instances = [Instance(launch, spec, settings, self.stats, services, self) for spec in specs]
         self.idle: deque[Instance] = deque()
+        self.limiter = limiter  # --rate-limit: an idle instance runs once it holds its resources
+        self.tickets: dict[Instance, Ticket] = {}
 
     def attach(self, pump: Callable[[], None], fail_all: Callable[[ServerError], None],
                reschedule: Callable[[InferRequest], None] | None = None) -> None:
@@ -45,6 +49,12 @@ class InstancePool:
             self._reschedule = reschedule
 
     async def start(self) -> None:
+        if self.limiter is not None:
+            try:
+                self.limiter.check([i.spec.demand for i in self.instances])
+            except RateLimitError as e:
+                raise LoadError(str(e)) from None
+            self.tickets = {i: self.limiter.ticket(i.spec.demand, lambda: self._on_idle()) for i in self.instances}
         results = await asyncio.gather(*(i.start() for i in self.instances), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
@@ -65,15 +75,54 @@ class InstancePool:
     async def stop(self, deadline: float) -> None:
         await asyncio.gather(*(i.stop(deadline) for i in self.instances), return_exceptions=True)
         self.idle.clear()
+        if self.limiter is not None:
+            for ticket in self.tickets.values():
+                self.limiter.forget(ticket)
         self.services.custom_metrics.drop_owner(self)  # the model's own metrics go with it
+
+    # -- the scheduler's: instances to run batches -------------------------------------------
+    def claim(self) -> Instance | None:
+        """An idle instance that may run a batch now, taken from the idle ones; None if none may. With
+        the rate limiter, one holding its resources: the idle ones ask for theirs, and one granted
+        later has the scheduler pumped."""
+        if self.limiter is None:
+            return self.idle.popleft() if self.idle else None
+        for instance in self.idle:
+            if self.tickets[instance].ask():
+                self.idle.remove(instance)
+                return instance
+        return None
+
+    def may_run(self, instance: Instance) -> bool:
+        """Whether this idle instance may run a batch now (it holds its resources, or no rate limiter)."""
+        return self.limiter is None or self.tickets[instance].ask()
+
+    def unclaim(self, instance: Instance) -> None:
+        """An instance claimed for which no batch came: idle again, first, its resources given back."""
+        self.idle.appendleft(instance)
+        if self.limiter is not None:
+            self.tickets[instance].release(used=False)
+
+    def settle(self) -> None:
+        """After the scheduler's pump: idle instances give back resources granted for work that
+        went elsewhere or went away."""
+        if self.limiter is not None:
+            for instance in self.idle:
+                ticket = self.tickets[instance]
+                if ticket.granted:
+                    ticket.release(used=False)
 
     # -- what its instances tell it (instance.PoolHooks) -----------------------------------
     def ready(self, instance: Instance) -> None:
+        if self.limiter is not None:
+            self.tickets[instance].release()  # its batch is done
         if instance.alive and instance not in self.idle:
             self.idle.append(instance)
         self._on_idle()
 
     def lost(self, instance: Instance) -> None:
+        if self.limiter is not None:
+            self.tickets[instance].release()
         try:
             self.idle.remove(instance)
         except ValueError:

@@ -28,6 +28,7 @@ from ..ipc.arena import Arena, segment_name
 from ..ipc.channel import Channel
 from ..ipc.output_arenas import OutputArenas
 from ..logs import get_logger
+from .rate_limiter import Demand
 from .restarts import RestartPolicy, describe_exit
 from .templates import WorkerTemplates
 
@@ -43,6 +44,7 @@ class InstanceSpec:
     kind: str  # "CPU", "GPU" or "MODEL"
     device_id: int  # GPU index for KIND_GPU, 0 otherwise
     placement: Placement = Placement()  # its host policy's cores and NUMA node (tritonmp/host_policy.py)
+    demand: Demand = Demand(0)  # what it asks of the rate limiter (its group's rate_limiter), where one runs
 
 
 @dataclass(frozen=True)

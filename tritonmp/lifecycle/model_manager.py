@@ -13,6 +13,7 @@ import time
 
 from ..errors import ServerError, Status, invalid, not_found, unavailable
 from ..instances.pool import LoadError, ModelServices
+from ..instances.rate_limiter import RateLimiter
 from ..instances.templates import WorkerTemplates
 from ..ipc.busy_poll import BusyPoll
 from ..logs import get_logger
@@ -38,6 +39,8 @@ class ModelManager(ModelTable):
         super().__init__(Repositories(settings.repositories, settings.model_namespacing), settings.model_namespacing)
         self.settings = settings
         self.busy_poll = BusyPoll(settings.busy_poll_us)  # one window for the server's loop
+        # --rate-limit=execution_count: one for the whole server, across models
+        self.limiter = RateLimiter(settings.rate_limit_resources) if settings.rate_limit else None
         self._retiring: set[asyncio.Task] = set()
         self.retiring: set[ServedVersion] = set()  # replaced or unloaded, finishing their requests
         # what the models' own calls reach (the server API's infer, infer_stream and model_call, lent by
@@ -213,7 +216,7 @@ class ModelManager(ModelTable):
         else:
             for v in versions:
                 new[v] = ModelVersion(name, v, completed, specs, self.settings, self.services, self.busy_poll,
-                                      self.templates, namespace)
+                                      self.templates, namespace, self.limiter)
             async with self._load_slots():
                 await asyncio.gather(*(mv.load() for mv in new.values()))
         failed.update({mv.version: mv.reason for mv in new.values() if mv.state != "READY"})

@@ -23,6 +23,7 @@ from ..instances.pool import (
     LoadError,
     ModelServices,
 )
+from ..instances.rate_limiter import RateLimiter, demand_of
 from ..instances.templates import WorkerTemplates
 from ..ipc.busy_poll import BusyPoll
 from ..logs import get_logger
@@ -42,7 +43,8 @@ log = get_logger("models")
 class ModelVersion:
     def __init__(self, name: str, version: int, completed: cfg.Completed, specs: list[InstanceSpec],
                  settings: ServerSettings, services: ModelServices, poll: BusyPoll = NO_BUSY_POLL,
-                 templates: WorkerTemplates | None = None, namespace: str = ""):
+                 templates: WorkerTemplates | None = None, namespace: str = "",
+                 limiter: RateLimiter | None = None):
         self.name = name
         self.namespace = namespace  # its repository, with --model-namespacing
         self.version = version
@@ -71,7 +73,7 @@ class ModelVersion:
             execution_timeout=_execution_timeout(c, settings.execution_timeout), busy_poll=poll,
             warmup=tuple(warmup_requests(c, completed.model_dir)), reshapes=Reshapes.of(c),
             ragged=None if one_by_one else Ragged.of(c), namespace=namespace)
-        self.pool = InstancePool(launch, instance_settings, specs, services, self._crash_looped)
+        self.pool = InstancePool(launch, instance_settings, specs, services, self._crash_looped, limiter)
         db = c.dynamic_batching if c.HasField("dynamic_batching") else None
         policy = BatchPolicy(c.max_batch_size, db is not None,
                              list(db.preferred_batch_size) if db else [],
@@ -224,15 +226,17 @@ def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int], backen
             k = 0
             for d in devices:
                 for _ in range(group.count):
-                    specs.append(InstanceSpec(f"{group.name}_{k}", "GPU", d, _placement(group, "GPU", d, policies)))
+                    specs.append(InstanceSpec(f"{group.name}_{k}", "GPU", d, _placement(group, "GPU", d, policies),
+                                              demand_of(group, d)))
                     k += 1
         elif kind == mc.ModelInstanceGroup.KIND_MODEL:
             # the model places itself: its instances see every GPU the server sees
             place = _placement(group, "MODEL", 0, policies)
-            specs += [InstanceSpec(f"{group.name}_{k}", "MODEL", 0, place) for k in range(group.count)]
+            specs += [InstanceSpec(f"{group.name}_{k}", "MODEL", 0, place, demand_of(group, 0))
+                      for k in range(group.count)]
         else:
-            place = _placement(group, "CPU", 0, policies)
-            specs += [InstanceSpec(f"{group.name}_{k}", "CPU", 0, place) for k in range(group.count)]
+            specs += [InstanceSpec(f"{group.name}_{k}", "CPU", 0, _placement(group, "CPU", 0, policies),
+                                   demand_of(group, 0)) for k in range(group.count)]
     return specs
 
 

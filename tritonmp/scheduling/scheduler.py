@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .. import testing
 from ..errors import ServerError, Status, invalid, unavailable
 from ..inference import InferRequest
 from ..instances.pool import InstancePool
@@ -183,12 +184,15 @@ class Scheduler:
         # Sending a batch ahead (Instance.run_ahead) takes it out of the queue early: only where the
         # queue is plain first come, first served. Not where a request of a higher priority level, or
         # one on time past a delayed one, could still overtake it, nor where a request could time out
-        # in the queue or the queue's size is limited (what waits at an instance would not count).
+        # in the queue or the queue's size is limited (what waits at an instance would not count), nor
+        # under the rate limiter (a batch runs only once its instance holds its resources).
         # 0: never; else the queue length at which a final batch may be there.
         p = self.priorities
-        plain = not p.levels and all(q == QueuePolicy() for q in (p.default_policy, *p.policies.values()))
+        plain = not p.levels and all(q == QueuePolicy() for q in (p.default_policy, *p.policies.values())) \
+            and pool.limiter is None
         self._ahead_at = 0 if not plain else policy.max_batch_size if policy.dynamic else 1
         self._ahead_pending = False  # an instance can take a batch ahead: look when the queue is long enough
+        self._hold = testing.scheduler_delays()[0]  # Triton's qa hook: no batch until this many wait
         pool.attach(self.pump, self.fail_all, self.reschedule)
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
@@ -327,18 +331,28 @@ class Scheduler:
             next_deadline = self._expire(self.clock())
             if next_deadline is not None:
                 self._arm(next_deadline)
-        idle = self.pool.idle
+        if self._hold:
+            if len(self.queue) < self._hold:
+                return
+            self._hold = 0
+        pool = self.pool
+        idle = pool.idle
         while idle and self.queue:
             self._drop_gone()
+            instance = pool.claim()
+            if instance is None:  # the rate limiter holds them back: a grant pumps again
+                break
             batch, deadline = self.policy.take(self.queue, self.clock())
             if batch is None:
+                pool.unclaim(instance)
                 if deadline is not None:
                     self._arm(deadline)
-                return
+                break
             for request in batch:
                 self._removed(request)
-            idle.popleft().run(batch)
-        if not idle and self._ahead_at and not self.pool.settings.decoupled:
+            instance.run(batch)
+        pool.settle()
+        if not idle and self._ahead_at and not pool.settings.decoupled:
             self._send_ahead()
 
     def _drop_gone(self) -> None:

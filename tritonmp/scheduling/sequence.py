@@ -147,7 +147,7 @@ class SequenceScheduler:
         self._delay: asyncio.TimerHandle | None = None  # a batch waiting for its queue delay
         self._drain = DrainWaiters(self.busy)
         # Triton's qa hook: no batch until this many requests wait in slots and in the backlog
-        self._hold_placed, self._hold_backlog = testing.sequence_batcher_delays()
+        self._hold_placed, self._hold_backlog = testing.scheduler_delays()
         pool.attach(self.pump, self.fail_all)
 
     @property
@@ -279,19 +279,25 @@ class SequenceScheduler:
             if self._held():
                 return
             self._hold_placed = self._hold_backlog = 0
-        idle = self.pool.idle
+        pool = self.pool
+        idle = pool.idle
         for instance in list(idle):
             slots = self.slots.get(id(instance))
             if slots is None:
+                continue
+            if pool.limiter is not None and not (self.backlog or any(s is not None and s.pending for s in slots)):
+                continue  # nothing for it: it asks the rate limiter for nothing
+            if not pool.may_run(instance):  # the rate limiter holds it back: its grant pumps again
                 continue
             batch = self._oldest_batch(slots) if self.oldest else self._direct_batch(slots)
             if batch:
                 idle.remove(instance)
                 instance.run(batch, self.released.pop(id(instance), None))
+        pool.settle()
         self._drain.wake()
 
     def _held(self) -> bool:
-        """Whether fewer requests wait than Triton's qa hook asks for (testing.sequence_batcher_delays)."""
+        """Whether fewer requests wait than Triton's qa hook asks for (testing.scheduler_delays)."""
         placed = sum(len(s.pending) for s in self.live.values() if s.instance is not None)
         waiting = sum(len(s.pending) for s in self.backlog if s.instance is None)
         return placed < self._hold_placed or (self._hold_backlog > 0 and waiting < self._hold_backlog)

@@ -128,7 +128,7 @@ _TYPES = {
     "model_load_thread_count": int, "model_load_retry_count": int,
 }
 # options this server has no counterpart for: only their defaults are accepted
-_WITHOUT_COUNTERPART = ("rate_limiter_resources", "pinned_memory_pool_size", "cuda_memory_pool_sizes",
+_WITHOUT_COUNTERPART = ("pinned_memory_pool_size", "cuda_memory_pool_sizes",
                         "cache_directory", "min_supported_compute_capability", "buffer_manager_thread_count",
                         "enable_peer_access", "backend_directory",
                         "repo_agent_directory", "model_load_device_limits", "host_policies", "metrics_configuration")
@@ -344,8 +344,6 @@ class Server:
         for name in _WITHOUT_COUNTERPART:
             if getattr(options, name) != getattr(_DEFAULTS, name):
                 raise UnsupportedError(f"Options.{name} has no counterpart in this server; leave it at its default")
-        if RateLimitMode(options.rate_limiter_mode) != RateLimitMode.OFF:
-            raise UnsupportedError("Options.rate_limiter_mode: only RateLimitMode.OFF is supported by this server")
         defaults: dict[str, int] = {}
         for backend, backend_settings in options.backend_configuration.items():
             for key, value in backend_settings.items():
@@ -373,6 +371,9 @@ class Server:
             max_resident_memory_bytes=options.max_resident_memory_mb << 20,
             load_on_demand_wait=float(options.load_on_demand_timeout), load_threads=options.model_load_thread_count,
             load_retries=options.model_load_retry_count, model_namespacing=options.model_namespacing,
+            rate_limit=RateLimitMode(options.rate_limiter_mode) == RateLimitMode.EXEC_COUNT,
+            rate_limit_resources=[(r.name, r.count, r.device if r.device >= 0 else None)
+                                  for r in options.rate_limiter_resources],
             flags=_given_options(options))
         try:
             settings.check(lambda name: _OPTIONS.get(name, f"Options.{name}"))
