@@ -1245,3 +1245,15 @@ def test_rate_limiter_refusals_match(tmp_path, case):
             assert sorted(state for state, _ in states.values()) == ["READY", "UNAVAILABLE"], states
             assert any('Resource "R" is present as both global and device-specific resource in the model '
                        "configuration." in reason for _, reason in states.values()), states
+
+
+@pytest.mark.parametrize("settings", [("summary_latencies=true",),
+                                      ("summary_latencies=true", "counter_latencies=false",
+                                       "summary_quantiles=0.1:0.0.1,0.7:0.01")])
+def test_metrics_config_families_and_labels_match(compat_repo, tmp_path, settings):
+    args = ("--load-model=add_py", *(f"--metrics-config={s}" for s in settings))
+    with both_serving(compat_repo, tmp_path, args) as (ours, ref):
+        for server in (ours, ref):
+            status, _, _ = http_request(server.http_port, "POST", "/v2/models/add_py/infer", _add_body())
+            assert status == 200
+        assert _families(ours.metrics_port) == _families(ref.metrics_port)

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tritonmp"
 # Each entry is a module or a package (every module in it), as named under tritonmp.
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", ["errors", "logs", "testing", "settings", "datatypes", "inference", "gpus", "backends",
-                    "host_policy"]),
+                    "host_policy", "metrics_config"]),
     ("observability", ["observability"]),
     ("model storage", ["storage"]),
     ("model configuration", ["repository"]),
@@ -51,6 +51,7 @@ LONG_FUNCTIONS = {
     "repository/config.py:check_fields": "one check per field of ModelConfig that Triton validates, in its order",
     "repository/model_io.py:check": "config against model, tensor by tensor, every mismatch reported at once",
     "cli.py:serve_parser": "the argparse declarations of Triton's flags, one statement each",
+    "triton_flags.py:add_to": "the argparse declarations of the rest of Triton's flags, one statement each",
     "cli.py:serve": "flags to settings, one statement each, in the order Triton applies them",
     "validation.py:_check_in_order": "the rules of a request, in Triton's order and words, for whatever the "
                                      "one pass does not take",

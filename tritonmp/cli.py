@@ -15,6 +15,7 @@ from .frontends.http_protocol import Limits
 from .frontends.restricted import GRPC_HEADER_PREFIX, Restrictions
 from .host_policy import parse as parse_host_policies
 from .logs import get_logger
+from .metrics_config import parse_metrics_config
 from .settings import DEFAULTS, ServerSettings, SettingsError
 from .storage.locations import is_remote
 from .storage.remote import repository_problem
@@ -197,6 +198,7 @@ def serve(argv: list[str]) -> int:
                                          GRPC_HEADER_PREFIX)
         max_batch_sizes = triton_flags.default_max_batch_sizes(triton_flags.backend_settings(args.backend_config, log))
         host_policies = parse_host_policies(args.host_policy)
+        metrics = parse_metrics_config(dict(args.metrics_config))
         grpcio_options = triton_flags.grpcio_options(args)
     except ValueError as e:
         log.error("%s", e)
@@ -250,6 +252,7 @@ def serve(argv: list[str]) -> int:
         load_on_demand_wait=args.load_on_demand_timeout_secs, load_threads=args.model_load_thread_count,
         load_retries=args.model_load_retry_count, model_namespacing=args.model_namespacing,
         rate_limit=args.rate_limit == "execution_count", rate_limit_resources=args.rate_limit_resource,
+        metrics=metrics,
         model_control=args.model_control_mode, load_models=args.load_model, poll_secs=args.repository_poll_secs,
         server_id=args.id, strict_readiness=args.strict_readiness, allow_client_shm=args.allow_client_shm,
         exit_on_error=args.exit_on_error, exit_timeout=args.exit_timeout_secs,

@@ -55,6 +55,7 @@ class InferRequest(msgspec.Struct):
     # model's instance then tells the worker, and is_cancelled() says so. FastInfer's never is.
     null: bool = False  # a Direct sequence batch's placeholder row: it runs, but is answered and counted nowhere
     sequence: list | None = None  # a model with implicit state: [its sequence's key (None: placeholder), start, end]
+    responded: bool = False  # a decoupled model has sent it a response (its first counts in the histogram)
     namespace: str = ""  # --model-namespacing: where its model is looked for first (the calling model's, for
     # an ensemble's step or a BLS call)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .metrics_config import MetricsConfig
+
 DEFAULT_BUSY_POLL_US = 500  # --busy-poll-us
 
 
@@ -34,6 +36,7 @@ class ServerSettings:
     load_threads: int = 4  # --model-load-thread-count: models loading at once (an ensemble's own step waits for none)
     load_retries: int = 0  # --model-load-retry-count: a failed load is tried again this many times
     model_namespacing: bool = False  # --model-namespacing: each repository's models are a namespace of their own
+    metrics: MetricsConfig = MetricsConfig()  # --metrics-config: which latency metrics are exported
     rate_limit: bool = False  # --rate-limit=execution_count: instances run batches as the rate limiter grants
     # --rate-limit-resource NAME:COUNT[:DEVICE]: the server's resources (device None: on every device)
     rate_limit_resources: list[tuple[str, int, int | None]] = field(default_factory=list)

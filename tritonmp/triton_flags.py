@@ -24,7 +24,6 @@ IGNORED = {
                                            "pings only for keepalive (it applies with --grpc-engine grpcio)",
     "--sagemaker-thread-count": "SageMaker's requests are served by the frontend's event loop, not a thread pool",
     "--vertex-ai-thread-count": "Vertex AI's requests are served by the frontend's event loop, not a thread pool",
-    "--metrics-config": "the metrics are always Triton's summary-free set plus this server's histograms",
     "--backend-directory": "backends are part of this package",
     "--repoagent-directory": "repository agents are not run",
     "--cache-directory": "the response cache is built in (--cache-config local,size=...)",
@@ -67,6 +66,10 @@ def add_to(parser: argparse.ArgumentParser) -> None:
                         help="models loading at once (their config checks and their workers' starts)")
     parser.add_argument("--model-load-retry-count", type=parse_int, default=DEFAULTS.load_retries, metavar="N",
                         help="times a failed load is tried again")
+    parser.add_argument("--metrics-config", action="append", default=[], type=parse_setting, metavar="SETTING=VALUE",
+                        help="counter_latencies, summary_latencies, summary_quantiles=Q:E,..., "
+                             "summary_max_age=SECONDS, histogram_latencies: which latency metrics are exported, as "
+                             "Triton's")
     parser.add_argument("--rate-limit", type=parse_mode, default="off", choices=("off", "execution_count"),
                         help="execution_count: an instance runs a batch only once the resources its instance group's "
                              "rate_limiter names are free, the least run weighed by priority first")
@@ -150,6 +153,13 @@ def parse_range(text: str) -> tuple[int, int]:
     if not sep:
         raise argparse.ArgumentTypeError(f"expected LOW-HIGH, got '{text}'")
     return parse_int(low), parse_int(high)
+
+
+def parse_setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected <setting>=<value>, got '{text}'")
+    return key, value
 
 
 def parse_rate_limit_resource(text: str) -> tuple[str, int, int | None]:

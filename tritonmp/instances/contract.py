@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ipc.busy_poll import BusyPoll
+from ..observability.latency_metrics import LatencyRecorder
 from ..repository.ragged import Ragged
 from ..repository.reshape import Reshapes
 
@@ -31,6 +32,7 @@ class InstanceSettings:
     reshapes: Reshapes | None = None  # the config's reshapes of inputs and outputs, applied at the wire
     ragged: Ragged | None = None  # ragged inputs, batch inputs and batch outputs, of merged batches
     namespace: str = ""  # --model-namespacing: its repository, where its BLS calls look for models first
+    latency: LatencyRecorder | None = None  # --metrics-config summaries and first-response histogram, if asked for
 
 
 @dataclass(frozen=True, slots=True)

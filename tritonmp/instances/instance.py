@@ -244,6 +244,9 @@ class Instance:
             return
         stream = request.stream
         assert stream is not None, "a decoupled model's request streams its responses"
+        if not request.responded and not msg.empty and self.stats.latency is not None:
+            request.responded = True
+            self.stats.first_response(time.monotonic_ns() - request.arrival_ns)
         if msg.error:
             error = ServerError(msg.error, Status[msg.error_status] if msg.error_status in Status.__members__
                                 else Status.INTERNAL)

@@ -34,7 +34,7 @@ class InstancePool:
         self._on_idle: Callable[[], None] = lambda: None
         self._on_down: Callable[[ServerError], None] = lambda error: None
         self._reschedule: Callable[[InferRequest], None] = lambda request: None
-        self.stats = ModelStats(settings.model_name, settings.version)
+        self.stats = ModelStats(settings.model_name, settings.version, settings.latency, settings.decoupled)
         self.instances = [Instance(launch, spec, settings, self.stats, services, self) for spec in specs]
         self.idle: deque[Instance] = deque()
         self.limiter = limiter  # --rate-limit: an idle instance runs once it holds its resources

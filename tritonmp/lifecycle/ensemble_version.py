@@ -18,6 +18,7 @@ from ..inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..instances.contract import InstanceSnapshot
 from ..instances.model_calls import ModelServices
 from ..logs import get_logger
+from ..observability.latency_metrics import LatencyRecorder
 from ..observability.stats import ModelStats
 from ..repository import config as cfg
 from ..scheduling.scheduler import transfer_outcome
@@ -94,7 +95,7 @@ class EnsembleVersion:
     backend = "ensemble"
 
     def __init__(self, name: str, version: int, completed: cfg.Completed, models: ComposingModels,
-                 services: ModelServices, namespace: str = ""):
+                 services: ModelServices, namespace: str = "", latency: LatencyRecorder | None = None):
         c = completed.config
         self.name = name
         self.namespace = namespace  # its repository (--model-namespacing): its steps' models are looked for there first
@@ -110,7 +111,7 @@ class EnsembleVersion:
         self.config_json = cfg.to_json(c)
         self.labels = read_labels(completed.model_dir, c)  # classifying its outputs uses its own labels
         self.steps = list(c.ensemble_scheduling.step)
-        self.stats = ModelStats(name, version)  # the ensemble's own counters
+        self.stats = ModelStats(name, version, latency)  # the ensemble's own counters
         self.services = services  # the server API's infer, for the steps
         self.scheduler = EnsembleScheduler(self)
         self.models = models  # to find and load its composing models

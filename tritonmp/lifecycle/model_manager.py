@@ -23,7 +23,7 @@ from ..served import ServedVersion
 from ..settings import ServerSettings
 from .ensemble_version import EnsembleVersion
 from .model_table import ModelEntry, ModelTable, parse_version
-from .model_version import ModelVersion, instance_specs
+from .model_version import ModelVersion, instance_specs, latency_recorder
 from .repositories import Repositories, poll_failed, valid_model_name, write_files
 from .residency import Residency, pss_bytes
 
@@ -211,7 +211,8 @@ class ModelManager(ModelTable):
         new: dict[int, ServedVersion] = {}
         if completed.backend == "ensemble":
             for v in versions:
-                new[v] = EnsembleVersion(name, v, completed, self, self.services, namespace)
+                new[v] = EnsembleVersion(name, v, completed, self, self.services, namespace,
+                                         latency_recorder(self.settings, completed.config))
             await asyncio.gather(*(mv.load() for mv in new.values()))
         else:
             for v in versions:

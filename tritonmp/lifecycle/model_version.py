@@ -27,6 +27,7 @@ from ..instances.rate_limiter import RateLimiter, demand_of
 from ..instances.templates import WorkerTemplates
 from ..ipc.busy_poll import BusyPoll
 from ..logs import get_logger
+from ..observability.latency_metrics import LatencyRecorder, first_response_buckets
 from ..observability.stats import ModelStats
 from ..repository import config as cfg
 from ..repository.ragged import Ragged
@@ -72,7 +73,7 @@ class ModelVersion:
             decoupled=c.model_transaction_policy.decoupled, null_rows=placeholder_rows(c),
             execution_timeout=_execution_timeout(c, settings.execution_timeout), busy_poll=poll,
             warmup=tuple(warmup_requests(c, completed.model_dir)), reshapes=Reshapes.of(c),
-            ragged=None if one_by_one else Ragged.of(c), namespace=namespace)
+            ragged=None if one_by_one else Ragged.of(c), namespace=namespace, latency=latency_recorder(settings, c))
         self.pool = InstancePool(launch, instance_settings, specs, services, self._crash_looped, limiter)
         db = c.dynamic_batching if c.HasField("dynamic_batching") else None
         policy = BatchPolicy(c.max_batch_size, db is not None,
@@ -238,6 +239,14 @@ def instance_specs(config: mc.ModelConfig, workers: str, gpus: list[int], backen
             specs += [InstanceSpec(f"{group.name}_{k}", "CPU", 0, _placement(group, "CPU", 0, policies),
                                    demand_of(group, 0)) for k in range(group.count)]
     return specs
+
+
+def latency_recorder(settings: ServerSettings, config: mc.ModelConfig) -> LatencyRecorder | None:
+    """A version's summaries and first-response histogram, where --metrics-config asks for them."""
+    if not settings.metrics.recording:
+        return None
+    return LatencyRecorder(settings.metrics, first_response_buckets(config),
+                           request_summary=not config.response_cache.enable)
 
 
 def _placement(group: mc.ModelInstanceGroup, kind: str, device: int,

@@ -1,15 +1,17 @@
 """Prometheus' text exposition format as Triton writes it: families with their help and type,
-samples with their labels in name order (a histogram bucket's `le` last), whole numbers without a
-decimal point. Triton exposes its counters without a `_total` suffix, so the text is written here
-rather than through prometheus_client's Counter."""
+samples with their labels in name order (a histogram bucket's `le` and a summary's `quantile` last),
+whole numbers without a decimal point. Triton exposes its counters without a `_total` suffix, so the
+text is written here rather than through prometheus_client's Counter."""
 
 from __future__ import annotations
 
+LAST = ("le", "quantile")  # a histogram bucket's bound, a summary's quantile
+
 
 def _labels(**labels) -> str:
-    """Labels in name order, a histogram bucket's `le` last (as Triton writes them)."""
-    le = labels.pop("le", None)
-    items = sorted(labels.items()) + ([("le", le)] if le is not None else [])
+    """Labels in name order, a histogram bucket's `le` or a summary's `quantile` last (as Triton writes them)."""
+    last = [(k, labels.pop(k)) for k in LAST if k in labels]
+    items = sorted(labels.items()) + last
     inner = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
                      for k, v in items)
     return "{" + inner + "}" if inner else ""

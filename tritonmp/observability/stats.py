@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 
+from .latency_metrics import LatencyRecorder
+
 # upper bounds (microseconds) of the request and queue duration histograms' buckets: a duration counts in
 # the first whose bound it does not exceed (bisect_left), else in +Inf, the last
 LATENCY_BUCKETS_US = (100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000,
@@ -18,9 +20,12 @@ class ModelStats:
     KINDS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
              "cache_miss")
 
-    def __init__(self, name: str, version: int):
+    def __init__(self, name: str, version: int, latency: LatencyRecorder | None = None, decoupled: bool = False):
         self.name = name
         self.version = version
+        # --metrics-config summaries and the first-response histogram, where asked for
+        self.latency = latency
+        self.decoupled = decoupled  # its first responses are told apart (first_response), not its ends
         self.last_inference_ms = 0
         self.inference_count = 0  # rows (batch size) of successful requests
         self.execution_count = 0
@@ -44,6 +49,10 @@ class ModelStats:
         self._add("compute_input", input_ns, requests)
         self._add("compute_infer", infer_ns, requests)
         self._add("compute_output", output_ns, requests)
+        if self.latency is not None and requests:
+            self.latency.observe("compute_input", input_ns, requests)
+            self.latency.observe("compute_infer", infer_ns, requests)
+            self.latency.observe("compute_output", output_ns, requests)
         entry = self.batches.setdefault(batch_size, [0, 0, 0, 0])
         entry[0] += 1
         entry[1] += input_ns
@@ -55,9 +64,19 @@ class ModelStats:
         self._add("cache_hit", lookup_ns)
         self._add("success", lookup_ns)
         self.last_inference_ms = int(time.time() * 1000)
+        if self.latency is not None:
+            self.latency.observe("cache_hit", lookup_ns)
+            self.latency.first_response(lookup_ns)
 
     def cache_miss(self, insert_ns: int) -> None:
         self._add("cache_miss", insert_ns)
+        if self.latency is not None:
+            self.latency.observe("cache_miss", insert_ns)
+
+    def first_response(self, ns: int) -> None:
+        """A decoupled model's first response to a request, `ns` after the request arrived."""
+        if self.latency is not None:
+            self.latency.first_response(ns)
 
     def finished(self, ok: bool, batch_size: int, duration_ns: int, reason: str = "BACKEND", queue_ns: int = 0) -> None:
         """A request that reached the queue is done; `reason` says why it failed (Triton's labels:
@@ -70,6 +89,11 @@ class ModelStats:
             self.counts["queue"] += 1
             self.ns["queue"] += queue_ns
             self.queue_buckets[bisect_left(LATENCY_BUCKETS_US, queue_ns / 1000)] += 1
+            if self.latency is not None:
+                self.latency.observe("request", duration_ns)
+                self.latency.observe("queue", queue_ns)
+                if not self.decoupled:
+                    self.latency.first_response(duration_ns)
         else:
             self._add("fail", duration_ns)
             self.failures[reason] = self.failures.get(reason, 0) + 1

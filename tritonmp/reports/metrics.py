@@ -1,5 +1,6 @@
-"""What the Prometheus endpoint says: Triton's nv_* metrics (per model version, CPU, and GPU through
-NVML), plus tritonmp_* metrics Triton lacks (batch-size and request-duration histograms, queue
+"""What the Prometheus endpoint says: Triton's nv_* metrics (per model version, as --metrics-config
+asks: the duration counters, summaries, the first-response histogram, the response cache's; CPU, and
+GPU through NVML), plus tritonmp_* metrics Triton lacks (batch-size and request-duration histograms, queue
 depth, in-flight requests, worker restarts, model load time, residency), and the metric families
 python models define.
 
@@ -10,12 +11,16 @@ second set of books and no multiprocess registry.
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..lifecycle.model_manager import ModelManager
-from ..observability.exposition import Exposition
+from ..metrics_config import MetricsConfig
+from ..observability.exposition import Exposition, number
+from ..observability.latency_metrics import FIRST_RESPONSE
 from ..observability.stats import LATENCY_BUCKETS_US
 from ..observability.system import SystemSampler, process_usage
 from ..served import ServedVersion
@@ -70,8 +75,9 @@ def _worker_usage(which: int) -> Samples:
     return samples
 
 
-# Triton's, in the order Triton exports them
-TRITON_METRICS = [
+# Triton's, in the order Triton exports them: counts, the duration counters (unless counter_latencies is
+# off), the response cache's (of versions whose config enables it), pending requests
+TRITON_COUNTS = [
     VersionMetric("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes",
                   _one(lambda mv: mv.stats.counts["success"])),
     VersionMetric("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes",
@@ -82,6 +88,8 @@ TRITON_METRICS = [
     VersionMetric("nv_inference_exec_count", "counter",
                   "Number of model executions performed (does not include cached requests)",
                   _one(lambda mv: mv.stats.execution_count)),
+]
+TRITON_DURATIONS = [
     VersionMetric("nv_inference_request_duration_us", "counter",
                   "Cumulative inference request duration in microseconds (includes cached requests)",
                   _one(lambda mv: (mv.stats.ns["success"] + mv.stats.ns["fail"]) // 1000)),
@@ -97,10 +105,43 @@ TRITON_METRICS = [
     VersionMetric("nv_inference_compute_output_duration_us", "counter",
                   "Cumulative inference compute output duration in microseconds (does not include cached requests)",
                   _one(lambda mv: mv.stats.ns["compute_output"] // 1000)),
+]
+TRITON_CACHE = [
+    VersionMetric("nv_cache_num_hits_per_model", "counter", "Number of cache hits per model",
+                  _one(lambda mv: mv.stats.counts["cache_hit"])),
+    VersionMetric("nv_cache_hit_duration_per_model", "counter", "Total cache hit duration per model, in microseconds",
+                  _one(lambda mv: mv.stats.ns["cache_hit"] // 1000)),
+    VersionMetric("nv_cache_num_misses_per_model", "counter", "Number of cache misses per model",
+                  _one(lambda mv: mv.stats.counts["cache_miss"])),
+    VersionMetric("nv_cache_miss_duration_per_model", "counter",
+                  "Total cache miss (insert+lookup) duration per model, in microseconds",
+                  _one(lambda mv: mv.stats.ns["cache_miss"] // 1000)),
+]
+TRITON_PENDING = [
     VersionMetric("nv_inference_pending_request_count", "gauge",
                   "Instantaneous number of pending requests awaiting execution per-model.",
                   _one(lambda mv: mv.queued())),
 ]
+# --metrics-config summary_latencies=true: (family, help, the LatencyRecorder's summary), in Triton's order and
+# words (its compute summaries' help is its counters')
+TRITON_SUMMARIES = [
+    ("nv_inference_request_summary_us",
+     "Summary of inference request duration in microseconds (includes cached requests)", "request"),
+    ("nv_inference_queue_summary_us",
+     "Summary of inference queuing duration in microseconds (includes cached requests)", "queue"),
+    ("nv_inference_compute_input_summary_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)", "compute_input"),
+    ("nv_inference_compute_infer_summary_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)", "compute_infer"),
+    ("nv_inference_compute_output_summary_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+     "compute_output"),
+    ("nv_cache_hit_summary_per_model", "Summary of cache hit counts/durations per model, in microseconds.",
+     "cache_hit"),
+    ("nv_cache_miss_summary_per_model", "Summary of cache miss counts/durations per model, in microseconds.",
+     "cache_miss"),
+]
+CACHED_SUMMARIES = {"cache_hit", "cache_miss"}  # kept only for versions whose config enables the response cache
 
 # what Triton users keep asking for
 HISTOGRAMS = [
@@ -155,11 +196,73 @@ def _per_version(out: Exposition, metrics: list[VersionMetric], versions: list[S
                 out.sample(metric.name, value, **model_labels(mv.name, mv.namespace, str(mv.version)), **labels)
 
 
+def _summaries(out: Exposition, versions: list[ServedVersion], config: MetricsConfig) -> None:
+    """Triton's latency summaries: for each family, the versions that keep it (a family none keeps is
+    left out, as Triton leaves it)."""
+    now = time.monotonic()
+    for name, help_text, kind in TRITON_SUMMARIES:
+        kept = [(mv, mv.stats.latency.summaries[kind]) for mv in versions
+                if mv.stats.latency is not None and kind in mv.stats.latency.summaries
+                and (kind not in CACHED_SUMMARIES or mv.config.response_cache.enable)]
+        if not kept:
+            continue
+        out.family(name, "summary", help_text)
+        for mv, summary in kept:
+            labels = model_labels(mv.name, mv.namespace, str(mv.version))
+            out.sample(f"{name}_count", summary.count, **labels)
+            out.sample(f"{name}_sum", summary.total, **labels)
+            for (q, _), value in zip(config.summary_quantiles, summary.quantiles(config.summary_quantiles, now)):
+                out.sample(name, "NaN" if math.isnan(value) else value, **labels, quantile=str(number(q)))
+
+
+def _first_response(out: Exposition, versions: list[ServedVersion]) -> None:
+    """nv_inference_first_response_histogram_ms (--metrics-config histogram_latencies=true)."""
+    kept = [mv for mv in versions if mv.stats.latency is not None and mv.stats.latency.first_counts]
+    if not kept:
+        return
+    out.family(FIRST_RESPONSE, "histogram", "Duration from request to first response in milliseconds")
+    for mv in kept:
+        latency = mv.stats.latency
+        assert latency is not None
+        out.histogram(FIRST_RESPONSE, latency.buckets_ms, latency.first_counts, latency.first_sum_ms,
+                      **model_labels(mv.name, mv.namespace, str(mv.version)))
+
+
+def _residency(out: Exposition, models: ModelManager) -> None:
+    """The models loaded on demand (--load-on-demand), where they are."""
+    residency = models.residency
+    if residency is not None:  # --load-on-demand
+        out.family("tritonmp_model_resident", "gauge", "1 for each model loaded on demand and resident now")
+        for name in residency.lru:
+            out.sample("tritonmp_model_resident", 1, model=name)
+        out.family("tritonmp_resident_models", "gauge", "Models resident now (--load-on-demand)")
+        out.sample("tritonmp_resident_models", len(residency.lru))
+        out.family("tritonmp_resident_memory_bytes", "gauge",
+                   "Memory (PSS) of the resident models' workers, as measured when each loaded")
+        out.sample("tritonmp_resident_memory_bytes", residency.memory_bytes)
+        out.family("tritonmp_model_loads_on_demand_total", "counter", "Models loaded because a request asked for them")
+        out.sample("tritonmp_model_loads_on_demand_total", residency.loads)
+        out.family("tritonmp_model_evictions_total", "counter",
+                   "Models unloaded to keep within --max-resident-models or --max-resident-memory-mb")
+        out.sample("tritonmp_model_evictions_total", residency.evictions)
+
+
 def render(models: ModelManager, system: SystemSampler) -> bytes:
     """The whole exposition text, read from the live model versions."""
     versions = [mv for e in models.models.values() for _, mv in sorted(e.versions.items())]
+    config = models.settings.metrics
     out = Exposition()
-    _per_version(out, TRITON_METRICS, versions)
+    _per_version(out, TRITON_COUNTS, versions)
+    if config.counter_latencies:
+        _per_version(out, TRITON_DURATIONS, versions)
+    cached = [mv for mv in versions if mv.config.response_cache.enable]
+    if cached:
+        _per_version(out, TRITON_CACHE, cached)
+    _per_version(out, TRITON_PENDING, versions)
+    if config.summary_latencies:
+        _summaries(out, versions, config)
+    if config.histogram_latencies:
+        _first_response(out, versions)
     if system.cpu:
         out.family("nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]")
         out.sample("nv_cpu_utilization", system.cpu_utilization)
@@ -186,21 +289,7 @@ def render(models: ModelManager, system: SystemSampler) -> bytes:
                        **model_labels(entry.name, entry.namespace, str(version)))
         if entry.problem and not entry.versions:
             out.sample("tritonmp_model_ready", 0, **model_labels(entry.name, entry.namespace, ""))
-    residency = models.residency
-    if residency is not None:  # --load-on-demand
-        out.family("tritonmp_model_resident", "gauge", "1 for each model loaded on demand and resident now")
-        for name in residency.lru:
-            out.sample("tritonmp_model_resident", 1, model=name)
-        out.family("tritonmp_resident_models", "gauge", "Models resident now (--load-on-demand)")
-        out.sample("tritonmp_resident_models", len(residency.lru))
-        out.family("tritonmp_resident_memory_bytes", "gauge",
-                   "Memory (PSS) of the resident models' workers, as measured when each loaded")
-        out.sample("tritonmp_resident_memory_bytes", residency.memory_bytes)
-        out.family("tritonmp_model_loads_on_demand_total", "counter", "Models loaded because a request asked for them")
-        out.sample("tritonmp_model_loads_on_demand_total", residency.loads)
-        out.family("tritonmp_model_evictions_total", "counter",
-                   "Models unloaded to keep within --max-resident-models or --max-resident-memory-mb")
-        out.sample("tritonmp_model_evictions_total", residency.evictions)
+    _residency(out, models)
     _per_version(out, TRITONMP_METRICS, versions)
     usage = process_usage(os.getpid())  # the frontend, under the names every Prometheus client uses
     if usage is not None:

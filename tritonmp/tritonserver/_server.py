@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ServerError
+from ..metrics_config import MetricsConfig, MetricsConfigError, parse_metrics_config
 from ..observability.log_settings import LogSettings
 from ..scheduling.response_cache import ResponseCache
 from ..server_api import ServerApi
@@ -131,7 +132,7 @@ _TYPES = {
 _WITHOUT_COUNTERPART = ("pinned_memory_pool_size", "cuda_memory_pool_sizes",
                         "cache_directory", "min_supported_compute_capability", "buffer_manager_thread_count",
                         "enable_peer_access", "backend_directory",
-                        "repo_agent_directory", "model_load_device_limits", "host_policies", "metrics_configuration")
+                        "repo_agent_directory", "model_load_device_limits", "host_policies")
 _DEFAULTS = Options()
 _live_servers: weakref.WeakSet = weakref.WeakSet()
 
@@ -371,6 +372,7 @@ class Server:
             max_resident_memory_bytes=options.max_resident_memory_mb << 20,
             load_on_demand_wait=float(options.load_on_demand_timeout), load_threads=options.model_load_thread_count,
             load_retries=options.model_load_retry_count, model_namespacing=options.model_namespacing,
+            metrics=_metrics_config(options.metrics_configuration),
             rate_limit=RateLimitMode(options.rate_limiter_mode) == RateLimitMode.EXEC_COUNT,
             rate_limit_resources=[(r.name, r.count, r.device if r.device >= 0 else None)
                                   for r in options.rate_limiter_resources],
@@ -386,6 +388,19 @@ class Server:
 _OPTIONS = {"model_control": "Options.model_control_mode", "load_models": "Options.startup_models",
             "load_threads": "Options.model_load_thread_count", "load_retries": "Options.model_load_retry_count",
             "max_resident_memory_bytes": "Options.max_resident_memory_mb"}
+
+
+def _metrics_config(groups: dict[str, dict[str, str]]) -> MetricsConfig:
+    """Options.metrics_configuration: the settings of group "" (Triton's for those of no group), as
+    --metrics-config gives them; InvalidArgumentError for another group or a setting not known."""
+    for group in groups:
+        if group != "":
+            raise InvalidArgumentError(f"Options.metrics_configuration: unknown group '{group}'; the latency "
+                                       "settings are in group \"\"")
+    try:
+        return parse_metrics_config({k: str(v) for k, v in groups.get("", {}).items()})
+    except MetricsConfigError as e:
+        raise InvalidArgumentError(f"Options.metrics_configuration: {e}") from None
 
 
 class ModelDictionary(dict):
