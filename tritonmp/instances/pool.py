@@ -114,8 +114,12 @@ class InstancePool:
 
     # -- what its instances tell it (instance.PoolHooks) -----------------------------------
     def ready(self, instance: Instance) -> None:
-        if self.limiter is not None:
-            self.tickets[instance].release()  # its batch is done
+        if self.limiter is not None:  # its batch is done: its resources go to another that waits, else it
+            ticket = self.tickets[instance]  # keeps them for its next batch (which counts now, as a grant does)
+            if ticket.granted and not self.limiter.waiting:
+                ticket.executions += 1
+            else:
+                ticket.release()
         if instance.alive and instance not in self.idle:
             self.idle.append(instance)
         self._on_idle()

@@ -184,8 +184,9 @@ class Scheduler:
         # Sending a batch ahead (Instance.run_ahead) takes it out of the queue early: only where the
         # queue is plain first come, first served. Not where a request of a higher priority level, or
         # one on time past a delayed one, could still overtake it, nor where a request could time out
-        # in the queue or the queue's size is limited (what waits at an instance would not count), nor
-        # under the rate limiter (a batch runs only once its instance holds its resources).
+        # in the queue or the queue's size is limited (what waits at an instance would not count), nor under
+        # the rate limiter: a batch runs only once its instance holds its resources, and priority is
+        # weighed batch by batch (a batch sent ahead would run whoever waits meanwhile).
         # 0: never; else the queue length at which a final batch may be there.
         p = self.priorities
         plain = not p.levels and all(q == QueuePolicy() for q in (p.default_policy, *p.policies.values())) \
