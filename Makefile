@@ -19,12 +19,13 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/activate
 
 install: $(VENV)/.installed
 
-# The optional frameworks that run on a CPU, Ray Serve, and the object-store client with the servers of
-# the three object-store protocols, installed into the venv once, so that the tests of their backends,
-# of tritonmp.ray_serve and of repositories in object storage run (without them those tests skip).
+# The optional frameworks that run on a CPU, Ray Serve, the object-store client with the servers of
+# the three object-store protocols, and the OpenTelemetry exporter, installed into the venv once, so
+# that the tests of their backends, of tritonmp.ray_serve, of repositories in object storage and of
+# OpenTelemetry traces run (without them those tests skip).
 # `make serve` does not need them.
 $(VENV)/.frameworks: $(VENV)/.installed pyproject.toml constraints.txt
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,openvino,tensorflow,torch,ray,cloud,storage-emulators]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,openvino,tensorflow,torch,ray,cloud,otel,storage-emulators]'
 	touch $@
 
 frameworks: $(VENV)/.frameworks

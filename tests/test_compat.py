@@ -1257,3 +1257,37 @@ def test_metrics_config_families_and_labels_match(compat_repo, tmp_path, setting
             status, _, _ = http_request(server.http_port, "POST", "/v2/models/add_py/infer", _add_body())
             assert status == 200
         assert _families(ours.metrics_port) == _families(ref.metrics_port)
+
+
+def _span_tree(spans: list[dict]) -> list[tuple]:
+    """Spans as (name, its parent's name or "client", kind, attribute names, events), sorted; the
+    top span's events left out (Triton's are its HTTP timestamps, which tritonmp does not record)."""
+    names = {s["id"]: s["name"] for s in spans}
+    return sorted((s["name"], names.get(s["parent"], "client"), s["kind"], tuple(sorted(s["attributes"])),
+                   () if s["name"] == "InferRequest" else tuple(s["events"])) for s in spans)
+
+
+def test_opentelemetry_span_trees_match(tmp_path):
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otel extra is not installed")
+    from otlp_receiver import OtlpReceiver
+    from test_model_namespacing import _repositories
+    from test_opentelemetry import _otel_flags, _spans, _traceparent
+
+    up, _ = _repositories(tmp_path)
+    receiver = OtlpReceiver()
+    args = ("--load-model=*", *_otel_flags(receiver, "rate=1000"))
+    try:
+        with both_serving(up, tmp_path, args) as (ours, ref):
+            trees = []
+            for server in (ours, ref):
+                parent, trace, client_span = _traceparent()
+                status, _, _ = http_request(server.http_port, "POST", "/v2/models/ensemble_up/infer",
+                                            b'{"inputs":[{"name":"X","shape":[2],"datatype":"INT32","data":[1,2]}]}',
+                                            {"traceparent": parent})
+                assert status == 200
+                spans = _spans(receiver, trace, 4)
+                assert spans["InferRequest"][0]["parent"] == client_span
+                trees.append(_span_tree(receiver.of_trace(trace)))
+    finally:
+        receiver.close()
+    assert trees[0] == trees[1]

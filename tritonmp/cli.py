@@ -263,7 +263,7 @@ def serve(argv: list[str]) -> int:
     from .scheduling.response_cache import from_flags as cache_from_flags
 
     try:
-        tracer = Tracer(settings_from_flags(args.trace_config))
+        tracer = Tracer(*settings_from_flags(args.trace_config))
         cache = cache_from_flags(args.cache_config)
     except ServerError as e:
         log.error("%s", e)

@@ -150,7 +150,7 @@ class Command:
             if not await self._drain_listeners(deadline):
                 deadline = time.monotonic()  # a second signal: stop workers now, still cleaning up
             await runtime.shutdown(deadline)
-            self.tracer.flush()
+            await asyncio.to_thread(self.tracer.close)  # the spans still queued are exported
             watchdog.cancel()
             self.notifier.close()
             log.info("server stopped")

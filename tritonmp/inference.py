@@ -56,6 +56,8 @@ class InferRequest(msgspec.Struct):
     null: bool = False  # a Direct sequence batch's placeholder row: it runs, but is answered and counted nowhere
     sequence: list | None = None  # a model with implicit state: [its sequence's key (None: placeholder), start, end]
     responded: bool = False  # a decoupled model has sent it a response (its first counts in the histogram)
+    trace_context: dict | None = None  # the W3C trace context its client sent (traceparent, tracestate)
+    trace_parent: Any = None  # an ensemble's step: the ensemble request's trace (tracing.Trace), if traced
     namespace: str = ""  # --model-namespacing: where its model is looked for first (the calling model's, for
     # an ensemble's step or a BLS call)
 

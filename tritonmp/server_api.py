@@ -157,7 +157,7 @@ class ServerApi:
     # -- what the server reports of itself -------------------------------------------------
     def metrics_text(self, system: SystemSampler) -> bytes:
         """The Prometheus exposition of the metrics port."""
-        return metrics.render(self.models, system)
+        return metrics.render(self.models, system, self.tracer.dropped_spans())
 
     def status_history(self) -> status.StatusHistory:
         """A history of the versions' counters, for the rates of the status document."""
@@ -291,7 +291,8 @@ class ServerApi:
             mv = self.model_for(request.model_name, request.model_version, endpoint, request.namespace)
             if mv is None:  # it loads first (--load-on-demand)
                 return asyncio.ensure_future(self._load_then_submit(request, endpoint))
-        trace = self.tracer.sample(mv.name, mv.version) if start_ns else None
+        trace = self.tracer.sample(mv.name, mv.version, start_ns, request.trace_parent, request.trace_context) \
+            if start_ns else None
         if trace is None and (self.cache is None or not mv.config.response_cache.enable):
             self._prepare(mv, request)
             for o in request.outputs or ():

@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2 as pb
 from .. import __version__
 from ..errors import ServerError, Status
 from ..logs import get_logger
+from ..observability import otel
 from ..server_api import ServerApi
 from . import grpc_codec
 from .grpc_protocol import (
@@ -63,9 +64,11 @@ class InferenceService:
 
     def _forward(self, request) -> None:
         """Add the call's forwarded metadata to an infer request's parameters (after its own, as
-        Triton adds them)."""
+        Triton adds them), and its W3C trace context where spans are exported."""
         if self.forward is not None:
             request.parameters.update(forwarded(self.forward, metadata_items()))
+        if self.api.tracer.mode == "opentelemetry":
+            request.trace_context = otel.carrier(metadata_items())
 
     async def ServerLive(self, request):
         return pb.ServerLiveResponse(live=self.api.live())
@@ -299,8 +302,9 @@ def methods(service: InferenceService) -> dict[str, Method]:
         streaming = m.client_streaming or m.server_streaming
         parse = grpc_codec.parse_infer_request if m.input_type.name == "ModelInferRequest" else None
         start = finish = None
-        if m.name == "ModelInfer" and service.forward is None:  # answered from the server API's future, without
-            # a task per call (forwarding metadata takes the task, in which the call's metadata is known)
+        if m.name == "ModelInfer" and service.forward is None and service.api.tracer.mode != "opentelemetry":
+            # answered from the server API's future, without a task per call (forwarding metadata, or
+            # reading a trace context from it, takes the task, in which the call's metadata is known)
             start, finish = service.start_infer, service.finish_infer
         table[f"/{SERVICE}/{m.name}"] = Method(getattr(pb, m.input_type.name),
                                                handler if streaming else _errors_to_status(handler), streaming, parse,

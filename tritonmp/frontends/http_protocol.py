@@ -217,12 +217,13 @@ class FastInfer:
     request's own."""
 
     __slots__ = ("protocol", "model", "version", "header_length", "accept_encoding", "keep_alive",
-                 "body", "request", "binary_default", "response_complete", "disconnected")
+                 "trace_context", "body", "request", "binary_default", "response_complete", "disconnected")
     message_event = _NoEvent()
 
     def __init__(self, protocol: GuardedHttpProtocol, model: str, version: str, header_length: int | None,
-                 accept_encoding: str, keep_alive: bool):
+                 accept_encoding: str, keep_alive: bool, trace_context: dict | None = None):
         self.protocol = protocol
+        self.trace_context = trace_context  # the W3C trace context the client sent, if any
         self.model = model
         self.version = version
         self.header_length = header_length
@@ -255,6 +256,7 @@ class FastInfer:
     def _submit(self, endpoint, body, mv) -> asyncio.Future:
         request, self.binary_default = endpoint.decode(body, self.header_length, self.model, self.version, mv)
         request.cancellable = False  # nothing awaits it: its client's going is seen by the protocol
+        request.trace_context = self.trace_context
         self.request = request
         return endpoint.submit(request, self.protocol.forwarded, mv)
 
@@ -319,9 +321,10 @@ _INFER_LENGTH = len(_INFER_SUFFIX)
 
 
 _LENGTH, _HEADER_LENGTH, _ACCEPT_ENCODING, _NOT_FAST = "length", "header length", "accept-encoding", "ASGI's"
+_TRACE = "trace context"
 _FAST_HEADERS = {  # the request headers _fast_infer looks at, and what each is to it
     b"content-length": _LENGTH, b"inference-header-content-length": _HEADER_LENGTH,
-    b"accept-encoding": _ACCEPT_ENCODING,
+    b"accept-encoding": _ACCEPT_ENCODING, b"traceparent": _TRACE, b"tracestate": _TRACE,
     **dict.fromkeys((b"transfer-encoding", b"content-encoding", b"upgrade", b"expect"), _NOT_FAST),  # ASGI's to serve
 }
 _ROUTES: dict = {}  # request target -> what _infer_route makes of it
@@ -624,6 +627,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         length = -1
         header_length = None
         accept_encoding = ""
+        trace_context = None
         for key, value in self.headers:  # what endpoint.headers reads too, in the same pass
             kind = _FAST_HEADERS.get(key)
             if kind is None:
@@ -638,12 +642,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 header_length = int(value)
             elif kind is _ACCEPT_ENCODING:
                 accept_encoding = value.decode("latin-1")
+            elif kind is _TRACE:
+                trace_context = trace_context or {}
+                trace_context[key.decode()] = value.decode("latin-1")
             else:
                 return None
         if not 0 <= length < LARGE_BODY or length > endpoint.max_input_size:
             return None
         keep_alive = self.parser.should_keep_alive() and self.parser.get_http_version() != "1.0"
-        return FastInfer(self, route[0], route[1], header_length, accept_encoding, keep_alive)
+        return FastInfer(self, route[0], route[1], header_length, accept_encoding, keep_alive, trace_context)
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle

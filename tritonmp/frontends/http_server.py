@@ -19,6 +19,7 @@ from .. import __version__
 from ..errors import ServerError, invalid, too_large, unsupported
 from ..ipc.shm_registry import IPC_HANDLE_SIZE
 from ..logs import get_logger
+from ..observability import otel
 from ..server_api import EXTENSIONS, ServerApi
 from . import generate, http_codec, json_offload
 from .http_headers import JSON_HEADERS, error_headers
@@ -395,6 +396,7 @@ class HttpApp:
         else:
             request, binary_default = endpoint.decode(body, header_length, model, version, mv)
         # the version is looked up again: reading the body took turns of the loop
+        request.trace_context = otel.carrier(scope["headers"])
         response = await endpoint.submit(request, scope.get(FORWARDED_KEY))
         headers, out = endpoint.encode(response, request, binary_default, accept_encoding)
         await _send(send, 200, out, headers)

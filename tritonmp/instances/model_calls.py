@@ -9,6 +9,7 @@ the instance's channel of the moment, and never to a later incarnation of its wo
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -114,7 +115,7 @@ class ModelCalls:
             inputs = [Tensor(r.name, r.datatype, list(r.shape), frames[r.frame]) for r in msg.inputs]
             outputs = [RequestedOutput(name) for name in msg.outputs] or None
             request = InferRequest(msg.model_name, msg.model_version, msg.id, inputs, outputs, msg.parameters,
-                                   namespace=self.namespace)
+                                   namespace=self.namespace, trace_parent=_trace_parent(msg.trace))
             if msg.decoupled:
                 self.calls[msg.call] = request
                 try:
@@ -146,6 +147,18 @@ class ModelCalls:
             answer(reply, reply_frames)
         if not final:
             answer(transport.BlsResult(empty=True), [])
+
+
+def _trace_parent(context: str) -> dict | None:
+    """The W3C context a BLS call carries (its caller's span, where the model passed its request's
+    trace), as a propagator's carrier; None for none, or one that is not a JSON object."""
+    if not context:
+        return None
+    try:
+        carrier = json.loads(context)
+    except ValueError:
+        return None
+    return carrier if isinstance(carrier, dict) else None
 
 
 def _bls_result(response: InferResponse) -> tuple[transport.BlsResult, list]:

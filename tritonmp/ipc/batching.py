@@ -128,7 +128,8 @@ def _one_by_one(batch: list[InferRequest], arena: Arena, frames: list) -> list[t
             if o.shm is not None:
                 shm.append(_shm_ref(o.name, "", [], o.shm))
         headers.append(transport.RequestHeader(r.id, refs, names, r.parameters, shm_outputs=shm,
-                                               sequence=[r.sequence] if r.sequence is not None else []))
+                                               sequence=[r.sequence] if r.sequence is not None else [],
+                                               trace=r.trace.context() if r.trace is not None else ""))
     return headers
 
 

@@ -59,6 +59,7 @@ class RequestHeader(msgspec.Struct, array_like=True, omit_defaults=True):
     shm_outputs: list[TensorRef] = []  # outputs to write into client regions (nbytes: room there)
     # a model with implicit sequence state: per row, [its sequence's key (None: a placeholder), start, end]
     sequence: list = []
+    trace: str = ""  # a request traced as OpenTelemetry spans: its model span's W3C context, as JSON
 
 
 class Execute(msgspec.Struct, array_like=True):
@@ -101,6 +102,7 @@ class BlsRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     # a model-control call instead of an inference: "is_model_ready", "load_model", "unload_model"
     control: str = ""
     control_args: dict = {}
+    trace: str = ""  # the W3C context (JSON) of the calling request's span, where the model passed its trace
 
 
 class BlsResult(msgspec.Struct, array_like=True, omit_defaults=True):

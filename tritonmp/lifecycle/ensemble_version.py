@@ -218,7 +218,7 @@ class EnsembleVersion:
         outputs = [RequestedOutput(name) for name in step.output_map]
         version = str(step.model_version) if step.model_version > 0 else ""
         sub = InferRequest(step.model_name, version, request.id, inputs, outputs, dict(request.parameters),
-                           namespace=self.namespace)
+                           namespace=self.namespace, trace_parent=request.trace)
         infer = self.services.bls
         assert infer is not None, "the server API lends its infer before serving"
         return await infer(sub)

@@ -1,5 +1,6 @@
 """Triton's trace extension: settings (global and per model) and TIMESTAMPS and TENSORS traces of
-sampled requests, written to the trace file as Triton's JSON array of entries."""
+sampled requests, written to the trace file as Triton's JSON array of entries (mode "triton"), or
+exported as OpenTelemetry spans (mode "opentelemetry", otel.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import invalid, unsupported
 from ..logs import get_logger
+from . import otel
 
 log = get_logger("trace")
 
@@ -28,6 +31,11 @@ class Trace:
     timestamps: list[tuple[str, int]] = field(default_factory=list)
     levels: tuple[str, ...] = ("TIMESTAMPS",)
     tensors: list[dict] = field(default_factory=list)  # TENSORS level: the tensors, as Triton writes them
+    spans: Any = None  # opentelemetry mode: its spans, begun (OtelExport.start)
+    span_context: str = ""  # opentelemetry mode: its model span's W3C context, as JSON (for its BLS calls)
+
+    def context(self) -> str:
+        return self.span_context
 
     def mark(self, name: str, ns: int | None = None) -> None:
         self.timestamps.append((name, time.monotonic_ns() if ns is None else ns))
@@ -87,16 +95,20 @@ def _check(settings: dict) -> dict:
             raise invalid(f"trace setting '{key}' must be a {'positive' if key == 'trace_rate' else 'whole'} number")
         if key == "trace_count" and not (v == "-1" or v.isdigit()):
             raise invalid("trace setting 'trace_count' must be -1 (no limit) or a whole number")
-        if key == "trace_mode" and v != "triton":
-            raise invalid("trace_mode 'triton' is the only mode this server has")
+        if key == "trace_mode" and v not in ("triton", "opentelemetry"):
+            raise invalid(f"trace_mode must be 'triton' or 'opentelemetry', got '{v}'")
         out[key] = v
     return out
 
 
 class Tracer:
-    def __init__(self, settings: dict | None = None):
+    def __init__(self, settings: dict | None = None, otel_settings: dict[str, str] | None = None):
         self.global_settings = dict(DEFAULTS)
         self.global_settings.update({k: v for k, v in _check(settings or {}).items() if v is not None})
+        # the mode is the server's, from its start: opentelemetry exports spans, triton writes the trace file
+        self.mode = self.global_settings["trace_mode"]
+        self.otel_settings = otel.check_settings(otel_settings or {}) if self.mode == "opentelemetry" else {}
+        self.otel: otel.OtelExport | None = None  # made when the first span is
         self.startup = dict(self.global_settings)  # what a global setting cleared with null returns to
         self.model_settings: dict[str, dict] = {}
         self._seen: dict[str, int] = {}  # requests seen per setting scope, for the rate
@@ -111,13 +123,20 @@ class Tracer:
         """Whether any scope (global, or a model's) traces at all: when none does, sample() is a no-op."""
         for model in ["", *self.model_settings]:
             s = self.settings(model)
-            if s["trace_file"] and any(level != "OFF" for level in s["trace_level"]):
+            if (s.get("trace_file") or self.mode == "opentelemetry") and any(level != "OFF"
+                                                                             for level in s["trace_level"]):
                 return True
         return False
 
     def settings(self, model: str = "") -> dict:
+        """A scope's settings as Triton answers them: in opentelemetry mode, the mode's own settings
+        take the place of the trace file's."""
         merged = dict(self.global_settings)
         merged.update(self.model_settings.get(model, {}))
+        if self.mode == "opentelemetry":
+            for key in ("trace_file", "log_frequency"):
+                merged.pop(key, None)
+            merged.update(self.otel_settings)
         return merged
 
     def update(self, changes: dict, model: str = "") -> dict:
@@ -125,6 +144,10 @@ class Tracer:
         (--trace-config file=...): refused over the network, as Triton does, even to reset it."""
         if "trace_file" in changes:
             raise unsupported("trace file location can not be updated through network protocol")
+        if changes.get("trace_mode", self.mode) not in (self.mode, None):
+            raise unsupported("trace mode can not be updated through network protocol")
+        if any(key in otel.SETTINGS for key in changes):
+            raise unsupported("opentelemetry settings can not be updated through network protocol")
         checked = _check(changes)
         self.flush()
         if model:
@@ -142,27 +165,59 @@ class Tracer:
         self.on = self._any_enabled()
         return self.settings(model)
 
-    def sample(self, model: str, version: int) -> Trace | None:
-        """A trace for this request when tracing is on for its model and the rate picks it."""
+    def sample(self, model: str, version: int, start_ns: int = 0, parent: Trace | dict | None = None,
+               context: dict[str, str] | None = None) -> Trace | None:
+        """A trace for this request when tracing is on for its model and the rate picks it. In
+        opentelemetry mode, a request whose client sent its trace context (`context`: traceparent,
+        tracestate), an ensemble's step of a traced request (`parent`, its Trace) or a BLS call made
+        with a traced request's trace (`parent`, the W3C context of its span) is traced whatever the
+        rate, as in Triton; its spans begin at `start_ns`."""
         if not self.on:
             return None
         s = self.settings(model)
         levels = tuple(level for level in s["trace_level"] if level != "OFF")
-        if not levels or not s["trace_file"]:
+        if not levels or not (s.get("trace_file") or self.mode == "opentelemetry"):
             return None
+        otel_mode = self.mode == "opentelemetry"
+        if not (otel_mode and (parent is not None or context)) and not self._picked(model, s):
+            return None
+        trace = Trace(next(self._ids), model, version, levels=levels)
+        if otel_mode:
+            if self.otel is None:
+                self.otel = otel.OtelExport(self.otel_settings)
+            if isinstance(parent, dict):  # a BLS call: under its caller's span, with no InferRequest span
+                trace.spans = self.otel.start(model, version, trace.id, start_ns or time.monotonic_ns(),
+                                              None, parent, top=False)
+            else:
+                trace.spans = self.otel.start(model, version, trace.id, start_ns or time.monotonic_ns(),
+                                              parent.spans if parent is not None and parent.spans else None,
+                                              context, parent.id if parent is not None else 0)
+            trace.span_context = self.otel.context(trace.spans)
+        return trace
+
+    def _picked(self, model: str, s: dict) -> bool:
+        """Whether the rate and count pick this request of the model's scope."""
         scope = model if model in self.model_settings else ""
         seen = self._seen.get(scope, 0)
         self._seen[scope] = seen + 1
         if seen % int(s["trace_rate"]):
-            return None
+            return False
         if s["trace_count"] != "-1":
             left = self._left.setdefault(scope, int(s["trace_count"]))
             if left <= 0:
-                return None
+                return False
             self._left[scope] = left - 1
-        return Trace(next(self._ids), model, version, levels=levels)
+        return True
+
+    def dropped_spans(self) -> int | None:
+        """Spans dropped for a full export queue, in opentelemetry mode (None in the other)."""
+        return None if self.mode != "opentelemetry" else self.otel.dropped() if self.otel is not None else 0
 
     def finish(self, trace: Trace) -> None:
+        if trace.spans is not None:
+            assert self.otel is not None, "spans are begun by the export"
+            self.otel.end(trace.spans, trace.timestamps)
+            return
         s = self.settings(trace.model)
         entries = self._pending.setdefault(s["trace_file"], [])
         entries.append({"id": trace.id, "model_name": trace.model, "model_version": trace.version})
@@ -190,6 +245,13 @@ class Tracer:
         except OSError as e:
             log.error("cannot write the trace file '%s': %s", target, e)
 
+    def close(self) -> None:
+        """At shutdown: write what is pending, and export the spans that wait."""
+        self.flush()
+        if self.otel is not None:
+            self.otel.close()
+            self.otel = None
+
     def flush(self) -> None:
         """Write what is pending (settings change, shutdown)."""
         for path in list(self._pending):
@@ -197,17 +259,29 @@ class Tracer:
             self._write(path, numbered)
 
 
-def settings_from_flags(trace_config: list[str]) -> dict:
-    """--trace-config values (Triton's `[mode,]key=value`) as settings."""
+def settings_from_flags(trace_config: list[str]) -> tuple[dict, dict[str, str]]:
+    """--trace-config values (Triton's `[triton,]KEY=VALUE`, `mode=MODE` and `opentelemetry,KEY=VALUE`)
+    as settings: (the trace settings, the opentelemetry mode's; `resource` may be given several
+    times, its pairs joined)."""
     names = {"file": "trace_file", "level": "trace_level", "rate": "trace_rate", "count": "trace_count",
-             "log-frequency": "log_frequency", "log_frequency": "log_frequency"}
+             "log-frequency": "log_frequency", "log_frequency": "log_frequency", "mode": "trace_mode"}
     settings: dict = {}
+    otel_settings: dict[str, str] = {}
     for item in trace_config:
+        if item.startswith("opentelemetry,"):
+            key, sep, value = item.split(",", 1)[1].partition("=")
+            if not sep or key not in otel.SETTINGS:
+                raise invalid(f"--trace-config '{item}': expected opentelemetry,KEY=VALUE with KEY one of "
+                              f"{', '.join(otel.SETTINGS)}")
+            if key == "resource" and "resource" in otel_settings:
+                value = f"{otel_settings['resource']},{value}"
+            otel_settings[key] = value
+            continue
         text = item.split(",", 1)[1] if item.startswith("triton,") else item
         key, sep, value = text.partition("=")
         if not sep or key not in names:
             raise invalid(f"--trace-config '{item}': expected [triton,]KEY=VALUE with KEY one of "
-                          f"{', '.join(sorted(set(names) - {'log_frequency'}))}")
+                          f"{', '.join(sorted(set(names) - {'log_frequency'}))}, or opentelemetry,KEY=VALUE")
         name = names[key]
         if name == "trace_level":
             settings.setdefault("trace_level", [])
@@ -217,4 +291,6 @@ def settings_from_flags(trace_config: list[str]) -> dict:
                 settings["trace_level"] = ["OFF"]
         else:
             settings[name] = value
-    return settings
+    if otel_settings and settings.get("trace_mode") != "opentelemetry":
+        raise invalid("--trace-config opentelemetry,... settings need --trace-config mode=opentelemetry")
+    return settings, otel_settings

@@ -247,8 +247,9 @@ def _residency(out: Exposition, models: ModelManager) -> None:
         out.sample("tritonmp_model_evictions_total", residency.evictions)
 
 
-def render(models: ModelManager, system: SystemSampler) -> bytes:
-    """The whole exposition text, read from the live model versions."""
+def render(models: ModelManager, system: SystemSampler, dropped_spans: int | None = None) -> bytes:
+    """The whole exposition text, read from the live model versions. `dropped_spans`: OpenTelemetry
+    spans dropped for a full export queue (None where spans are not exported)."""
     versions = [mv for e in models.models.values() for _, mv in sorted(e.versions.items())]
     config = models.settings.metrics
     out = Exposition()
@@ -291,6 +292,11 @@ def render(models: ModelManager, system: SystemSampler) -> bytes:
             out.sample("tritonmp_model_ready", 0, **model_labels(entry.name, entry.namespace, ""))
     _residency(out, models)
     _per_version(out, TRITONMP_METRICS, versions)
+    if dropped_spans is not None:
+        out.family("tritonmp_trace_spans_dropped_total", "counter",
+                   "OpenTelemetry spans dropped because the export queue was full (bsp_max_queue_size) or the "
+                   "receiver failed")
+        out.sample("tritonmp_trace_spans_dropped_total", dropped_spans)
     usage = process_usage(os.getpid())  # the frontend, under the names every Prometheus client uses
     if usage is not None:
         out.family("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds")

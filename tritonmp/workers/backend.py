@@ -45,6 +45,7 @@ class WorkRequest:
     # room in the batch's output arena, for a backend that can write an output there itself:
     # arena_alloc(nbytes) -> (writable view, offset), or None when the arena is full
     arena_alloc: object = None
+    trace: str = ""  # python models: the W3C context (JSON) of its span, when traced as OpenTelemetry spans
 
 
 @dataclass

@@ -253,7 +253,8 @@ class Worker:
         decode = self.decode_tensor
         try:
             requests = [
-                WorkRequest(r.id, [decode(ref, frames) for ref in r.inputs], r.outputs, r.parameters, r.batch_sizes)
+                WorkRequest(r.id, [decode(ref, frames) for ref in r.inputs], r.outputs, r.parameters, r.batch_sizes,
+                            trace=r.trace)
                 for r in header.requests
             ]
         except (ValueError, TypeError) as e:  # a client region that cannot be mapped, malformed BYTES, too short

@@ -144,8 +144,10 @@ class PreferredMemory:
 
 
 class InferenceTrace:
-    """The trace of a request, handed on to the BLS requests made for it. get_context() is the
-    OpenTelemetry context to propagate: None, as this server writes Triton-mode traces only."""
+    """The trace of a request, handed on to the BLS requests made for it (their spans are then its
+    children). get_context() is its OpenTelemetry context, a JSON object of the W3C `traceparent` (and
+    `tracestate`) for a propagator's extract(), so that the model's own spans join the trace; None
+    where the request is not traced as OpenTelemetry spans."""
 
     def __init__(self, context: str | None = None):
         self._context = context
@@ -534,13 +536,14 @@ class InferenceRequest:
 
     @classmethod
     def _received(cls, model_name: str, inputs: list[Tensor], requested: list[str], request_id: str,
-                  parameters: dict, sender: InferenceResponseSender, correlation_id, flags: int) -> InferenceRequest:
+                  parameters: dict, sender: InferenceResponseSender, correlation_id, flags: int,
+                  trace: str = "") -> InferenceRequest:
         """A request as execute() receives it, from what the worker decoded (already checked)."""
         self = cls.__new__(cls)
         self._model_name, self._inputs, self._requested, self._id = model_name, inputs, requested, request_id
         self._correlation_id, self._flags, self._parameters = correlation_id, flags, parameters
         self._model_version, self._timeout, self._sender = -1, 0, sender
-        self._preferred_memory, self._trace = _CPU_MEMORY, _NO_TRACE
+        self._preferred_memory, self._trace = _CPU_MEMORY, InferenceTrace(trace) if trace else _NO_TRACE
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         return self
 

@@ -125,7 +125,7 @@ class PythonBackend(Backend):
             else:
                 params, flags, correlation_id = {}, 0, 0
             pb_requests.append(pb_utils.InferenceRequest._received(
-                name, tensors, list(r.outputs or ()), r.id, params, sender, correlation_id, flags))
+                name, tensors, list(r.outputs or ()), r.id, params, sender, correlation_id, flags, r.trace))
         try:
             try:
                 results = self.model.execute(pb_requests)

@@ -71,7 +71,8 @@ class ServerCalls:
             params["timeout"] = request.timeout()
         version = "" if request.model_version() in (-1, None) else str(request.model_version())
         return transport.BlsRequest(request.request_id(), request.model_name(), version, refs,
-                                    request.requested_output_names(), params, decoupled=decoupled)
+                                    request.requested_output_names(), params, decoupled=decoupled,
+                                    trace=request.trace().get_context() or "")
 
     def _bls_response(self, result: transport.BlsResult, frames, request=None) -> object:
         """A BLS answer as the model sees it; in GPU memory where the request prefers it and a GPU is there."""
