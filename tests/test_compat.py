@@ -1268,7 +1268,7 @@ def _span_tree(spans: list[dict]) -> list[tuple]:
 
 
 def test_opentelemetry_span_trees_match(tmp_path):
-    pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otel extra is not installed")
+    pytest.importorskip("opentelemetry.proto", reason="the otel extra is not installed")
     from otlp_receiver import OtlpReceiver
     from test_model_namespacing import _repositories
     from test_opentelemetry import _otel_flags, _spans, _traceparent

@@ -20,7 +20,7 @@ from test_model_namespacing import ENSEMBLE, IO, STEP_PY
 
 from conftest import scrape_metrics, wait_for, write_model
 
-pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otel extra is not installed")
+pytest.importorskip("opentelemetry.proto", reason="the otel extra is not installed")
 
 from otlp_receiver import OtlpReceiver  # noqa: E402 - needs the opentelemetry packages checked above
 

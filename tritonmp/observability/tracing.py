@@ -31,11 +31,11 @@ class Trace:
     timestamps: list[tuple[str, int]] = field(default_factory=list)
     levels: tuple[str, ...] = ("TIMESTAMPS",)
     tensors: list[dict] = field(default_factory=list)  # TENSORS level: the tensors, as Triton writes them
-    spans: Any = None  # opentelemetry mode: its spans, begun (OtelExport.start)
-    span_context: str = ""  # opentelemetry mode: its model span's W3C context, as JSON (for its BLS calls)
+    spans: Any = None  # opentelemetry mode: its span ids (otel.Spans, made by OtelExport.start)
 
     def context(self) -> str:
-        return self.span_context
+        """Its model span's W3C context as JSON (opentelemetry mode), for its BLS calls; else ""."""
+        return otel.OtelExport.context(self.spans) if self.spans is not None else ""
 
     def mark(self, name: str, ns: int | None = None) -> None:
         self.timestamps.append((name, time.monotonic_ns() if ns is None else ns))
@@ -192,7 +192,6 @@ class Tracer:
                 trace.spans = self.otel.start(model, version, trace.id, start_ns or time.monotonic_ns(),
                                               parent.spans if parent is not None and parent.spans else None,
                                               context, parent.id if parent is not None else 0)
-            trace.span_context = self.otel.context(trace.spans)
         return trace
 
     def _picked(self, model: str, s: dict) -> bool:
@@ -211,7 +210,7 @@ class Tracer:
 
     def dropped_spans(self) -> int | None:
         """Spans dropped for a full export queue, in opentelemetry mode (None in the other)."""
-        return None if self.mode != "opentelemetry" else self.otel.dropped() if self.otel is not None else 0
+        return None if self.mode != "opentelemetry" else self.otel.dropped if self.otel is not None else 0
 
     def finish(self, trace: Trace) -> None:
         if trace.spans is not None:
