@@ -7,16 +7,26 @@ import os
 import socket
 import time
 from collections import deque
-from types import SimpleNamespace
+from types import MethodType, SimpleNamespace
 
 import pytest
 
 from tritonmp.inference import InferRequest
 from tritonmp.instances.contract import InstanceSettings
+from tritonmp.instances.pool import InstancePool
 from tritonmp.ipc import transport
 from tritonmp.ipc.busy_poll import BusyPoll
 from tritonmp.scheduling.scheduler import BatchPolicy, Priorities, QueuePolicy, Scheduler
 from tritonmp.workers.inbox import Inbox
+
+
+def _pool(**fields) -> SimpleNamespace:
+    """A stand-in for a scheduler's InstancePool holding `fields` (idle, instances, settings): no
+    rate limiter, and the pool's own claim, unclaim and settle."""
+    pool = SimpleNamespace(attach=lambda *hooks: None, limiter=None, tickets={}, **fields)
+    for name in ("claim", "unclaim", "settle"):
+        setattr(pool, name, MethodType(getattr(InstancePool, name), pool))
+    return pool
 
 
 def _req(batch=1, key=("x",), at=0):
@@ -96,8 +106,8 @@ def _sent_ahead(requests: int, priorities=None, timeout_us: int = 0, max_queue_s
     ahead to it."""
     async def run():
         instance = _BusyInstance()
-        pool = SimpleNamespace(idle=deque(), instances=[instance], attach=lambda *hooks: None,
-                               settings=InstanceSettings("m", 1, {}, decoupled=decoupled, senders=senders))
+        pool = _pool(idle=deque(), instances=[instance],
+                     settings=InstanceSettings("m", 1, {}, decoupled=decoupled, senders=senders))
         if timeout_us or max_queue_size:
             priorities_ = Priorities(default_policy=QueuePolicy(max_queue_size, default_timeout_us=timeout_us))
         else:
@@ -161,8 +171,7 @@ def _wait_for_a_batch(precise: bool) -> tuple[int, int]:
     async def run():
         sent = asyncio.get_running_loop().create_future()
         instance = SimpleNamespace(batch=None, run=lambda batch: sent.set_result(time.monotonic_ns()))
-        pool = SimpleNamespace(idle=deque([instance]), instances=[], attach=lambda *hooks: None,
-                               settings=InstanceSettings("m", 1, {}))
+        pool = _pool(idle=deque([instance]), instances=[], settings=InstanceSettings("m", 1, {}))
         scheduler = Scheduler(pool, BatchPolicy(8, True, [], max_queue_delay_ns=300_000))
         scheduler._precise_failed = not precise
         wakeups = 0

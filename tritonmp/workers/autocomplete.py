@@ -22,7 +22,8 @@ def main() -> int:
     install_utils_module()
     try:
         module = import_model_file(path, "autocomplete")
-        completer = getattr(module.TritonPythonModel, "auto_complete_config", None)
+        # a file with no TritonPythonModel has nothing to complete: its load says what it lacks
+        completer = getattr(getattr(module, "TritonPythonModel", None), "auto_complete_config", None)
         if completer is not None:
             result = completer(pb_utils.ModelConfig(config))
             config = result.as_dict() if isinstance(result, pb_utils.ModelConfig) else config
