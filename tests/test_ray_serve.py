@@ -123,6 +123,8 @@ def cluster(repos):
 def replicas(app: str = "tritonmp", deployment: str = "tritonmp", want: int = REPLICAS) -> list[dict]:
     """Each running replica's replica_state(), asked through a DeploymentHandle until every one has
     answered (the handle picks replicas at random)."""
+    # a replica Serve is still starting (or replacing, after an earlier test) cannot answer yet
+    wait_for(lambda: running(app, deployment, want), 120, f"{want} running replicas of {app}/{deployment}")
     handle = serve.get_deployment_handle(deployment, app_name=app)
     seen: dict[str, dict] = {}
     deadline = time.monotonic() + 60
