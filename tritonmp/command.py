@@ -117,7 +117,7 @@ class Command:
                 log.error("cannot serve: %s", e)
                 return 1
             names = settings.load_models if settings.model_control == "explicit" else None
-            load = loop.create_task(runtime.load_startup(names))
+            load = loop.create_task(runtime.load_startup(names, mark_loaded=False))
             stop = loop.create_task(self.stop_requested.wait())
             await asyncio.wait({load, stop}, return_when=asyncio.FIRST_COMPLETED)
             if load.done():
@@ -129,6 +129,7 @@ class Command:
                 except ValueError as e:  # a listener that cannot serve the models loaded as told
                     log.error("%s", e)
                     return 1
+                api.loaded = True  # ready: what the listeners serve by (Vertex AI's default model) is settled
                 _settle_collector()
                 self.notifier.notify("READY=1", "STATUS=serving" + (f"; {len(failures)} model version(s) "
                                                                     "unavailable" if failures else ""))

@@ -51,11 +51,14 @@ class ServerRuntime:
         self._models = ModelManager(self.settings)
         self._api = ServerApi(self._models, *self._services).serve_models()
 
-    async def load_startup(self, names: list[str] | None) -> list[str]:
-        """Load every model of the repositories (or the named ones); the failures, one line each."""
+    async def load_startup(self, names: list[str] | None, mark_loaded: bool = True) -> list[str]:
+        """Load every model of the repositories (or the named ones); the failures, one line each.
+        `mark_loaded`: the server is ready once this returns (else its caller says when: the command,
+        once its listeners have settled what depends on the models loaded)."""
         await self.models.load_all(names)
-        self.api.loaded = True
         self.fingerprints = await self.models.repositories.fingerprints()
+        if mark_loaded:
+            self.api.loaded = True
         return self.models.failures()
 
     async def poll(self) -> None:
