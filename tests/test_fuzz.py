@@ -208,7 +208,7 @@ def test_config_text(text):
     except cfg.ConfigProblem as e:
         assert str(e).startswith("config.pbtxt: ")
         return
-    problems = cfg.check_fields(config, "config.pbtxt")
+    problems = cfg.check_fields(config, "config.pbtxt", config.backend or "onnxruntime")
     assert isinstance(problems, list)
     for problem in problems:
         assert isinstance(problem, cfg.ConfigProblem) and str(problem).startswith("config.pbtxt: "), problem

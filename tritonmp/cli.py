@@ -248,6 +248,8 @@ def serve(argv: list[str]) -> int:
         execution_timeout=args.execution_timeout_secs, load_timeout=args.model_load_timeout_secs,
         busy_poll_us=args.busy_poll_us, heap_retain_bytes=args.worker_heap_retain_mb << 20,
         worker_start=args.worker_start, load_on_demand=args.load_on_demand,
+        backend_directory=os.path.abspath(args.backend_directory) if args.backend_directory else "",
+        python_env_cache=args.python_env_cache,
         max_resident_models=args.max_resident_models, max_resident_memory_bytes=args.max_resident_memory_mb << 20,
         load_on_demand_wait=args.load_on_demand_timeout_secs, load_threads=args.model_load_thread_count,
         load_retries=args.model_load_retry_count, model_namespacing=args.model_namespacing,
@@ -336,10 +338,15 @@ def check(argv: list[str]) -> int:
                                 description="Validate model repositories without serving them.")
     p.add_argument("repositories", nargs="+", metavar="REPO")
     p.add_argument("--disable-auto-complete-config", action="store_true")
+    p.add_argument("--backend-directory", default="", metavar="DIR", help="where python-based backends are")
+    p.add_argument("--python-env-cache", default="", metavar="DIR",
+                   help="where python models' environment archives are unpacked")
     args = p.parse_args(argv)
     from .repository.check import check_repositories
 
-    problems, models = check_repositories(args.repositories, not args.disable_auto_complete_config)
+    problems, models = check_repositories(args.repositories, not args.disable_auto_complete_config,
+                                          os.path.abspath(args.backend_directory) if args.backend_directory else "",
+                                          args.python_env_cache)
     for line in problems:
         print(line)
     n = len(problems)

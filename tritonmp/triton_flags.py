@@ -24,7 +24,6 @@ IGNORED = {
                                            "pings only for keepalive (it applies with --grpc-engine grpcio)",
     "--sagemaker-thread-count": "SageMaker's requests are served by the frontend's event loop, not a thread pool",
     "--vertex-ai-thread-count": "Vertex AI's requests are served by the frontend's event loop, not a thread pool",
-    "--backend-directory": "backends are part of this package",
     "--repoagent-directory": "repository agents are not run",
     "--cache-directory": "the response cache is built in (--cache-config local,size=...)",
     "--pinned-memory-pool-byte-size": "tensors move through shared-memory arenas (--arena-mb)",
@@ -54,6 +53,12 @@ def add_to(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--id", default=DEFAULTS.server_id, help="the server's name in its metadata")
     parser.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]SETTING=VALUE",
                         help="Triton's backend settings: default-max-batch-size is honoured, others are ignored")
+    parser.add_argument("--backend-directory", default=DEFAULTS.backend_directory, metavar="DIR",
+                        help="python-based backends: a model with backend: \"NAME\" runs DIR/NAME/model.py "
+                             "(the built-in backends need none)")
+    parser.add_argument("--python-env-cache", default=DEFAULTS.python_env_cache, metavar="DIR",
+                        help="where python models' environment archives (EXECUTION_ENV_PATH) are unpacked, once "
+                             "per archive content (default: ~/.cache/tritonmp/python-envs)")
     parser.add_argument("--model-config-name", default="",
                         help="read MODEL/configs/NAME.pbtxt where it exists instead of MODEL/config.pbtxt")
     parser.add_argument("--response-cache-byte-size", type=parse_int, default=0,

@@ -28,6 +28,7 @@ from ..ipc.arena import Arena, segment_name
 from ..ipc.channel import Channel
 from ..ipc.output_arenas import OutputArenas
 from ..logs import get_logger
+from ..repository.python_envs import PythonEnv
 from .rate_limiter import Demand
 from .restarts import RestartPolicy, describe_exit
 from .templates import WorkerTemplates
@@ -62,6 +63,8 @@ class LaunchSpec:
     load_timeout: float = 0.0  # seconds a worker may take to load before it is killed; 0: no limit
     heap_retain_bytes: int = 0  # memory a worker frees that it keeps for reuse (--worker-heap-retain-mb)
     templates: WorkerTemplates | None = None  # where workers are forked from (None: each is exec'd)
+    code_file: str = ""  # a python-based backend's model.py ("": the version directory's model file)
+    python_env: PythonEnv | None = None  # the model's own environment: its workers are exec'd in its interpreter
 
 
 class LoadError(Exception):
@@ -152,7 +155,7 @@ class WorkerProcess:
             kind=self.spec.kind, device_id=self.spec.device_id, in_arenas=[a.name for a in self.in_arenas],
             out_arenas=[a.name for a in self.outputs.all], arena_bytes=arena_bytes, log_verbose=launch.log_verbose,
             heap_retain_bytes=launch.heap_retain_bytes, cpu_cores=list(self.spec.placement.cores),
-            numa_node=self.spec.placement.numa_node)
+            numa_node=self.spec.placement.numa_node, code_file=launch.code_file)
         env = dict(os.environ)
         env[transport.SOCKET_ENV] = f"{theirs.fileno()} {os.getpid()}"
         if self.spec.kind == "GPU":
@@ -209,8 +212,13 @@ class WorkerProcess:
 
     async def _spawn(self, env: dict[str, str], theirs: socket.socket) -> WorkerHandle:
         """The worker process: forked from its backend's template where the server has templates
-        (only what differs from the frontend's environment goes with the request), else exec'd."""
-        templates = self.launch.templates
+        (only what differs from the frontend's environment goes with the request), else exec'd; in
+        the model's own environment's interpreter where it has one (templates are the server's)."""
+        templates, python_env = self.launch.templates, self.launch.python_env
+        if python_env is not None:
+            return await asyncio.create_subprocess_exec(
+                *python_env.argv("tritonmp.workers.main"), env=python_env.environ(env), stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),))
         if templates is not None:
             own = {k: v for k, v in env.items() if os.environ.get(k) != v}
             try:

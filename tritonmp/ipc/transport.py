@@ -17,7 +17,7 @@ import msgspec
 
 from . import buffers
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 
 # message types
 READY = b"R"  # worker -> frontend: loaded, with backend metadata
@@ -199,6 +199,7 @@ class WorkerSpec(msgspec.Struct):
     heap_retain_bytes: int = 0  # freed memory the worker keeps for reuse (tritonmp/workers/heap.py)
     cpu_cores: list[int] = []  # its host policy's cores (empty: wherever the frontend runs)
     numa_node: int = -1  # its host policy's NUMA node (-1: any)
+    code_file: str = ""  # a python-based backend's model.py ("": the version directory's model file)
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -19,6 +19,7 @@ from ..ipc.busy_poll import BusyPoll
 from ..logs import get_logger
 from ..repository import config as cfg
 from ..repository.problems import ConfigProblem
+from ..repository.python_envs import Environments
 from ..served import ServedVersion
 from ..settings import ServerSettings
 from .ensemble_version import EnsembleVersion
@@ -47,6 +48,8 @@ class ModelManager(ModelTable):
         # ServerApi.serve_models) and python models' own metric families: one for every model version
         self.services = ModelServices()
         self.templates = WorkerTemplates() if settings.worker_start == "fork" else None  # where workers fork from
+        # python models' own environments (EXECUTION_ENV_PATH): unpacked once, probed once
+        self.environments = Environments(settings.python_env_cache)
         self._startup: dict[str, asyncio.Task] = {}  # loads under way at startup, by model key
         # --load-on-demand: models load when first asked for, the least recently used unloaded past the budget
         self.residency = Residency(settings.max_resident_models, settings.max_resident_memory_bytes) \
@@ -199,7 +202,8 @@ class ModelManager(ModelTable):
             async with self._load_slots():
                 completed = await asyncio.to_thread(cfg.load, path, self.settings.auto_complete, override,
                                                     self.settings.default_max_batch_sizes,
-                                                    self.settings.config_name, name)
+                                                    self.settings.config_name, name,
+                                                    self.settings.backend_directory, self.environments)
             specs = [] if completed.backend == "ensemble" else \
                 instance_specs(completed.config, self.settings.workers, self.settings.gpus, completed.backend,
                                self.settings.host_policies)

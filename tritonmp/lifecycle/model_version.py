@@ -66,7 +66,8 @@ class ModelVersion:
             name, version, completed.model_dir, completed.backend, json.dumps(self.config_json),
             arena_bytes=settings.arena_bytes, log_verbose=settings.log_verbose,
             gpus=tuple(settings.gpus), load_timeout=settings.load_timeout,
-            heap_retain_bytes=settings.heap_retain_bytes, templates=templates)
+            heap_retain_bytes=settings.heap_retain_bytes, templates=templates, code_file=completed.code_file,
+            python_env=completed.python_env)
         one_by_one = backends.one_by_one(completed.backend)
         instance_settings = InstanceSettings(
             name, version, self.outputs, merge=not one_by_one, senders=one_by_one,

@@ -12,10 +12,14 @@ from ..storage.locations import LocationError, is_remote
 from ..storage.remote import RemoteRepository
 from ..storage.stores import StoreError
 from . import config as cfg
+from .python_envs import Environments
 
 
-def check_repositories(repositories: list[str], auto_complete: bool = True) -> tuple[list[str], int]:
-    """(problems as lines, number of models looked at)."""
+def check_repositories(repositories: list[str], auto_complete: bool = True, backend_directory: str = "",
+                       env_cache: str = "") -> tuple[list[str], int]:
+    """(problems as lines, number of models looked at); `backend_directory`: where python-based backends
+    are; `env_cache`: where python models' environment archives are unpacked ("": the default)."""
+    environments = Environments(env_cache)
     problems: list[str] = []
     seen: dict[str, str] = {}
     completed: dict[str, cfg.Completed] = {}
@@ -43,7 +47,8 @@ def check_repositories(repositories: list[str], auto_complete: bool = True) -> t
                 if name in seen:
                     problems.append(f"{os.path.join(where, name)}: model '{name}' also appears in {seen[name]}")
                 seen[name] = repo
-                result = cfg.check_all(path, auto_complete, inspect=True)
+                result = cfg.check_all(path, auto_complete, inspect=True, backend_directory=backend_directory,
+                                       environments=environments)
                 if isinstance(result, list):
                     problems += [str(p).replace(local, where, 1) for p in result]
                 else:

@@ -17,7 +17,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import backends, datatypes
-from . import model_io, onnx_graph, ragged, reshape, warmup
+from . import model_io, onnx_graph, python_backends, python_envs, ragged, reshape, warmup
 from .problems import ConfigProblem
 
 ModelConfig = mc.ModelConfig
@@ -30,6 +30,8 @@ class Completed:
     backend: str
     model_dir: str
     versions: list[int]  # the version directories present, ascending
+    code_file: str = ""  # a python-based backend's model.py ("": the version directory's model file)
+    python_env: python_envs.PythonEnv | None = None  # its own environment (EXECUTION_ENV_PATH; None: the server's)
 
 
 def parse_text(text: str, path: str) -> mc.ModelConfig:
@@ -83,7 +85,7 @@ def resolve_backend(config: mc.ModelConfig, model_dir: str, versions: list[int],
     if described is None:
         known = ", ".join(sorted(backends.BACKENDS))
         raise ConfigProblem(path, "backend", f"backend '{backend}' is not available in this server "
-                            f"(available: {known})")
+                            f"(available: {known}; a python-based backend is found in --backend-directory)")
     if len(described.formats) == 1:
         platform = described.platform
     return backend, platform
@@ -103,14 +105,15 @@ def _format_present(backend: backends.Backend, config: mc.ModelConfig, model_dir
 
 
 def load(model_dir: str, auto_complete: bool = True, override: str | None = None,
-         max_batch_sizes: dict[str, int] | None = None, config_name: str = "", model_name: str = "") -> Completed:
+         max_batch_sizes: dict[str, int] | None = None, config_name: str = "", model_name: str = "",
+         backend_directory: str = "", environments: python_envs.Environments | None = None) -> Completed:
     """Parse, complete and check the configuration of the model in `model_dir`; `override` is a
     ModelConfig in JSON that replaces config.pbtxt (the repository API's `config` parameter).
 
     Raises ConfigProblem on the first problem; `check_all` collects them instead.
     """
     problems = check_all(model_dir, auto_complete, override, max_batch_sizes=max_batch_sizes, config_name=config_name,
-                         model_name=model_name)
+                         model_name=model_name, backend_directory=backend_directory, environments=environments)
     if isinstance(problems, Completed):
         return problems
     raise problems[0]
@@ -118,7 +121,8 @@ def load(model_dir: str, auto_complete: bool = True, override: str | None = None
 
 def check_all(model_dir: str, auto_complete: bool = True, override: str | None = None, inspect: bool = False,
               max_batch_sizes: dict[str, int] | None = None, config_name: str = "",
-              model_name: str = "") -> Completed | list[ConfigProblem]:
+              model_name: str = "", backend_directory: str = "",
+              environments: python_envs.Environments | None = None) -> Completed | list[ConfigProblem]:
     """Every problem of the model in `model_dir`, or its completed configuration: its config read,
     its model files found, the config completed, then checked, in Triton's order. With `inspect`,
     a framework model's files are read (in a short-lived process) to check the config against them
@@ -127,7 +131,9 @@ def check_all(model_dir: str, auto_complete: bool = True, override: str | None =
     auto-complete gives a batchable model (Triton's --backend-config default-max-batch-size);
     `config_name` picks configs/NAME.pbtxt over config.pbtxt where it exists (--model-config-name).
     `model_name`: the model's name where it is not its folder's (a repository registered with names
-    for its folders), which its config then takes whatever it says."""
+    for its folders), which its config then takes whatever it says. `backend_directory`: where
+    python-based backends are (--backend-directory; "": none). `environments`: where a python model's
+    own environment (EXECUTION_ENV_PATH) is unpacked and probed (None: the default cache)."""
     model_dir = os.path.abspath(model_dir)
     read = read_config(model_dir, auto_complete, override, config_name)
     if isinstance(read, ConfigProblem):
@@ -140,9 +146,14 @@ def check_all(model_dir: str, auto_complete: bool = True, override: str | None =
     elif config.name != name:
         problems.append(ConfigProblem(path, "name", f"'{config.name}' differs from the model's directory "
                                       f"name '{name}'; they must be the same"))
-    found = find_model(config, model_dir, path)
+    found = find_model(config, model_dir, path, backend_directory)
     if isinstance(found, ConfigProblem):
         return problems + [found]
+    if found.backend.name == "python":
+        try:
+            found.python_env = (environments or python_envs.Environments()).prepare(config, model_dir, path)
+        except ConfigProblem as e:
+            return problems + [e]
     done, more = complete(config, found, path, auto_complete, inspect, max_batch_sizes or {})
     problems += more
     if not done:
@@ -151,7 +162,8 @@ def check_all(model_dir: str, auto_complete: bool = True, override: str | None =
     if problems:
         return problems
     normalize(config)
-    return Completed(config=config, backend=found.backend.name, model_dir=model_dir, versions=found.present)
+    return Completed(config=config, backend=found.backend.name, model_dir=model_dir, versions=found.present,
+                     code_file=found.code_file, python_env=found.python_env)
 
 
 def read_config(model_dir: str, auto_complete: bool, override: str | None,
@@ -189,18 +201,28 @@ class FoundModel:
     platform: str
     model_dir: str
     present: list[int]
+    code_file: str = ""  # a python-based backend's model.py, which every version runs
+    python_env: python_envs.PythonEnv | None = None  # a python model's own environment
 
     def newest_file(self, config: mc.ModelConfig) -> str:
-        return os.path.join(self.model_dir, str(self.present[-1]), config.default_model_filename)
+        return self.code_file or os.path.join(self.model_dir, str(self.present[-1]), config.default_model_filename)
 
 
-def find_model(config: mc.ModelConfig, model_dir: str, path: str) -> FoundModel | ConfigProblem:
+def find_model(config: mc.ModelConfig, model_dir: str, path: str,
+               backend_directory: str = "") -> FoundModel | ConfigProblem:
     """The model's backend, platform and model files; the config gets the backend, the platform and
-    the default model file name it leaves out."""
+    the default model file name it leaves out. A backend that is not built in is a python-based one
+    of `backend_directory`, whose models run its model.py on the python backend."""
     versions = version_dirs(model_dir)
     if not versions:
         return ConfigProblem(model_dir, "", "no version directory (a directory named by a number, such as 1/, "
                              "holding the model file)")
+    if config.backend and backends.get(config.backend) is None and backend_directory:
+        try:
+            based = python_backends.find(config, backend_directory, path)
+        except ConfigProblem as e:
+            return e
+        return FoundModel(backends.BACKENDS["python"], "", model_dir, versions, based.code_file)
     try:
         backend, platform = resolve_backend(config, model_dir, versions, path)
     except ConfigProblem as e:
@@ -231,7 +253,7 @@ def complete(config: mc.ModelConfig, found: FoundModel, path: str, auto_complete
     problems: list[ConfigProblem] = []
     if backend.tensors_from == "model" and auto_complete:
         try:
-            python_complete(config, found.newest_file(config))
+            python_complete(config, found.newest_file(config), found.python_env)
         except ConfigProblem as e:
             return False, [e]
     default_batch = max_batch_sizes.get(backend.name, max_batch_sizes.get("", model_io.DEFAULT_MAX_BATCH_SIZE))
@@ -270,7 +292,7 @@ def complete(config: mc.ModelConfig, found: FoundModel, path: str, auto_complete
 def check(config: mc.ModelConfig, found: FoundModel, path: str) -> list[ConfigProblem]:
     """The completed config's own problems: each field as Triton checks it, its warmup samples, and an
     ensemble's steps."""
-    problems = check_fields(config, path)
+    problems = check_fields(config, path, found.backend.name)
     problems += warmup.check(config, found.model_dir, path)
     if found.backend.name == "ensemble":
         problems += check_ensemble(config, path)
@@ -283,9 +305,10 @@ def check(config: mc.ModelConfig, found: FoundModel, path: str) -> list[ConfigPr
 _PLAIN_MODEL_CLASS = re.compile(r"^class\s+TritonPythonModel\s*(\(\s*(object)?\s*\))?\s*:", re.MULTILINE)
 
 
-def python_complete(config: mc.ModelConfig, model_py: str) -> None:
+def python_complete(config: mc.ModelConfig, model_py: str, env: python_envs.PythonEnv | None = None) -> None:
     """Let the model's own `auto_complete_config` fill the config, as Triton's python backend does.
-    Runs in a short-lived process (the frontend never imports model code), unless the model file
+    Runs in a short-lived process (the frontend never imports model code), in the model's own
+    environment where it has one, unless the model file
     itself defines TritonPythonModel with no base class and never names the method (a model that
     imports its class from elsewhere, or derives it, may have one)."""
     import subprocess
@@ -295,9 +318,12 @@ def python_complete(config: mc.ModelConfig, model_py: str) -> None:
         source = f.read()
     if "auto_complete_config" not in source and _PLAIN_MODEL_CLASS.search(source):
         return
-    result = subprocess.run([sys.executable, "-m", "tritonmp.workers.autocomplete", model_py],
-                            input=json.dumps(to_json(config)), capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    argv = [sys.executable, "-m", "tritonmp.workers.autocomplete", model_py]
+    environ = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    if env is not None:
+        argv, environ = env.argv("tritonmp.workers.autocomplete", model_py), env.environ(environ)
+    result = subprocess.run(argv, input=json.dumps(to_json(config)), capture_output=True, text=True, timeout=120,
+                            env=environ)
     if result.returncode != 0:
         raise ConfigProblem(model_py, "auto_complete_config", result.stderr.strip() or "failed")
     completed = mc.ModelConfig()
@@ -393,7 +419,9 @@ def _check_states(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
     return problems
 
 
-def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
+def check_fields(config: mc.ModelConfig, path: str, runner: str) -> list[ConfigProblem]:
+    """The fields' own problems; `runner`: the backend that runs the model (python for a python-based
+    backend's models)."""
     problems = []
     if config.max_batch_size < 0:
         problems.append(ConfigProblem(path, "max_batch_size", "must be 0 (no batching) or positive"))
@@ -419,16 +447,16 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
                 problems.append(ConfigProblem(path, "dynamic_batching.preferred_batch_size",
                                               f"{size} must lie between 1 and max_batch_size "
                                               f"({config.max_batch_size})"))
-    problems += [ConfigProblem(path, field, message) for field, message in ragged.problems(config)]
+    problems += [ConfigProblem(path, field, message) for field, message in ragged.problems(config, runner)]
     if config.HasField("sequence_batching"):
         sb = config.sequence_batching
         if config.HasField("dynamic_batching"):
             problems.append(ConfigProblem(path, "sequence_batching", "a model has either dynamic_batching or "
                                           "sequence_batching, not both"))
         problems += _check_states(config, path)
-        if sb.iterative_sequence and not backends.one_by_one(config.backend):
+        if sb.iterative_sequence and not backends.one_by_one(runner):
             problems.append(ConfigProblem(
-                path, "sequence_batching.iterative_sequence", f"not served for the {config.backend or 'model'}'s "
+                path, "sequence_batching.iterative_sequence", f"not served for the {runner}'s "
                 "backend: an iterative sequence runs for as long as its model reschedules its request, and only a "
                 "python model can (request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)); "
                 "the framework backends run each request once"))
@@ -441,9 +469,9 @@ def check_fields(config: mc.ModelConfig, path: str) -> list[ConfigProblem]:
                     problems.append(ConfigProblem(path, f"sequence_batching.control_input[{i}]",
                                                   f"control '{c.name}' needs a false and a true value "
                                                   "(int32_false_true, fp32_false_true or bool_false_true)"))
-    if config.model_transaction_policy.decoupled and config.backend and not backends.one_by_one(config.backend):
+    if config.model_transaction_policy.decoupled and runner != "ensemble" and not backends.one_by_one(runner):
         problems.append(ConfigProblem(path, "model_transaction_policy.decoupled",
-                                      f"only python models can be decoupled here, not {config.backend} ones"))
+                                      f"only python models can be decoupled here, not {runner} ones"))
     for i, group in enumerate(config.instance_group):
         if group.count < 0:
             problems.append(ConfigProblem(path, f"instance_group[{i}].count", "must be positive"))

@@ -73,12 +73,13 @@ class Ragged:
         return out
 
 
-def problems(config: mc.ModelConfig) -> list[tuple[str, str]]:
-    """(field, problem) of a config's ragged batching, as Triton would refuse it."""
+def problems(config: mc.ModelConfig, runner: str) -> list[tuple[str, str]]:
+    """(field, problem) of a config's ragged batching, as Triton would refuse it; `runner`: the backend
+    that runs the model."""
     out = []
     inputs = {t.name for t in config.input}
-    if (config.batch_input or config.batch_output) and backends.one_by_one(config.backend):
-        out.append(("batch_input" if config.batch_input else "batch_output", f"the {config.backend} backend takes a "
+    if (config.batch_input or config.batch_output) and backends.one_by_one(runner):
+        out.append(("batch_input" if config.batch_input else "batch_output", f"the {runner} backend takes a "
                     "batch's requests one by one, so it has no batch inputs or outputs; read each request's own "
                     "tensors"))
     for i, b in enumerate(config.batch_input):

@@ -131,7 +131,7 @@ _TYPES = {
 # options this server has no counterpart for: only their defaults are accepted
 _WITHOUT_COUNTERPART = ("pinned_memory_pool_size", "cuda_memory_pool_sizes",
                         "cache_directory", "min_supported_compute_capability", "buffer_manager_thread_count",
-                        "enable_peer_access", "backend_directory",
+                        "enable_peer_access",
                         "repo_agent_directory", "model_load_device_limits", "host_policies")
 _DEFAULTS = Options()
 _live_servers: weakref.WeakSet = weakref.WeakSet()
@@ -362,7 +362,7 @@ class Server:
                    ModelControlMode.EXPLICIT: "explicit"}[ModelControlMode(options.model_control_mode)]
         settings = ServerSettings(
             [r if is_remote(r) else os.path.abspath(r) for r in repos], auto_complete=not options.strict_model_config,
-            default_max_batch_sizes=defaults,
+            default_max_batch_sizes=defaults, backend_directory=os.path.abspath(options.backend_directory),
             log_verbose=options.log_verbose, model_control=control, server_id=options.server_id,
             strict_readiness=options.strict_readiness, exit_on_error=options.exit_on_error,
             exit_timeout=float(options.exit_timeout),

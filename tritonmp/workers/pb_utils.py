@@ -38,6 +38,8 @@ _bls_executor: Callable[..., Any] | None = None
 _bls_allowed = False
 # Set by the worker: control(op, model, version, **args) -> bool, answered by the frontend.
 _control_executor: Callable[..., bool] | None = None
+# Set by the python backend: the model's version directory (get_model_dir)
+_model_dir = ""
 
 TRITON_STRING_TO_NUMPY = {
     datatypes.to_config(name): (np.bool_ if name == "BOOL" else dt.type) for name, dt in datatypes.NUMPY_OF.items()
@@ -665,6 +667,12 @@ def load_model(model_name: str, config: str = "", files: dict | None = None) -> 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Unload a model of the server; needs explicit model control."""
     _control("unload_model", model_name, "", unload_dependents=unload_dependents)
+
+
+def get_model_dir() -> str:
+    """The directory of the model version this process serves (`<repository>/<model>/<version>`), for a
+    python-based backend's model too, whose code lives in the backend directory."""
+    return _model_dir
 
 
 def using_decoupled_model_transaction_policy(model_config: dict) -> bool:

@@ -70,7 +70,8 @@ class PythonBackend(Backend):
     def __init__(self, spec: WorkerSpec, config: dict):
         install_utils_module()
         pb_utils.Logger.prefix = f"{spec.instance_name}"
-        path = os.path.join(spec.model_dir, str(spec.model_version), config["default_model_filename"])
+        pb_utils._model_dir = os.path.join(spec.model_dir, str(spec.model_version))
+        path = spec.code_file or os.path.join(pb_utils._model_dir, config["default_model_filename"])
         try:
             module = import_model_file(path, f"{spec.model_name}_{spec.model_version}")
         except ImportError as e:
