@@ -22,6 +22,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_REPO = ROOT / "configs" / "model_repository"
 TEST_MODELS = Path(__file__).resolve().parent / "models"
+# the suite's python-based backends: every server it starts is given them, unless a test says otherwise
+TEST_BACKENDS = Path(__file__).resolve().parent / "backends"
 TRITONMP = [sys.executable, "-m", "tritonmp"]
 # The Triton extensions server metadata must list: exactly those really served.
 SERVED_EXTENSIONS = {"classification", "binary_tensor_data", "model_configuration", "parameters", "statistics",
@@ -182,6 +184,8 @@ class ServerProcess:
                "--metrics-port", str(self.metrics_port)]
         for repo in repos:
             cmd += ["--model-repository", str(repo)]
+        if not any(a.startswith("--backend-directory") for a in args):
+            cmd.append(f"--backend-directory={TEST_BACKENDS}")
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self.proc = subprocess.Popen(cmd + list(args), stdout=self.log_file, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)
@@ -270,7 +274,37 @@ def test_repo(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("models") / "repo"
     # response_sender is served in its eight variants by response_sender_repo
     shutil.copytree(TEST_MODELS, repo, ignore=shutil.ignore_patterns("response_sender"))
+    # the python-based backend's model again, in an environment of its own with numpy 1
+    scaled_env = repo / "scaled_numpy1"
+    shutil.copytree(TEST_MODELS / "scaled", scaled_env)
+    with open(scaled_env / "config.pbtxt", "a") as f:
+        f.write(f'parameters {{ key: "EXECUTION_ENV_PATH" value {{ string_value: '
+                f'"{python_environment(NUMPY_1)}" }} }}\n')
     return repo
+
+
+NUMPY_1 = "1.26.4"  # the numpy of the suite's environment that differs from the server's
+
+
+def python_environment(numpy_version: str) -> Path:
+    """A virtual environment of the server's Python with this numpy ("": none), built once with uv
+    (of the test extra) and kept in the user's cache between runs."""
+    import hashlib
+
+    name = f"numpy-{numpy_version}" if numpy_version else "no-numpy"
+    key = hashlib.sha256(f"{sys.version}{name}".encode()).hexdigest()[:12]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tritonmp-test-envs"
+    env = cache / f"{name}-{key}"
+    if (env / ".complete").exists():
+        return env
+    uv = os.path.join(os.path.dirname(sys.executable), "uv")
+    shutil.rmtree(env, ignore_errors=True)
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(env)], check=True)
+    if numpy_version:
+        subprocess.run([uv, "pip", "install", "-q", "--python", str(env / "bin" / "python"),
+                        f"numpy=={numpy_version}"], check=True)
+    (env / ".complete").touch()
+    return env
 
 
 @pytest.fixture

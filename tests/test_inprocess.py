@@ -89,8 +89,8 @@ def test_an_unstarted_or_misconfigured_server_raises_tritons_errors():
         tritonserver.Server(model_repository="does/not/exist").start()
     with pytest.raises(tritonserver.InvalidArgumentError):
         tritonserver.Server(model_repository=None).start()
-    with pytest.raises(tritonserver.UnsupportedError, match="backend_directory"):
-        tritonserver.Server(model_repository=str(EXAMPLE_REPO), backend_directory="/elsewhere").start()
+    with pytest.raises(tritonserver.UnsupportedError, match="repo_agent_directory"):
+        tritonserver.Server(model_repository=str(EXAMPLE_REPO), repo_agent_directory="/elsewhere").start()
 
 
 def test_inference_on_onnx_and_python_models(server):

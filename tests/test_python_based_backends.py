@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import http_request, scrape_metrics
+from conftest import NUMPY_1, http_request, scrape_metrics
 
 # the shared code of the add_sub backend: auto-completes its tensors, reads its model's model.json
 ADD_SUB = '''
@@ -49,7 +49,8 @@ class TritonPythonModel:
             a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
             b = pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy()
             self.calls.increment(1)
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", a + b if self.operation == "add" else a - b)]))
+            result = a + b if self.operation == "add" else a - b
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", result)]))
         return out
 '''
 # a decoupled backend: streams model.json's count of responses for each request
@@ -168,8 +169,29 @@ def test_one_backend_serves_several_models(start_server, tmp_path):
 
 def test_without_a_backend_directory_a_python_based_backend_is_unknown(start_server, tmp_path):
     _, repo = _layout(tmp_path)
-    server = start_server([repo], "--model-control-mode=explicit")
+    server = start_server([repo], "--model-control-mode=explicit", "--backend-directory=")
     with pytest.raises(InferenceServerException) as e:
         grpcclient.InferenceServerClient(server.grpc_url).load_model("sub")
     assert "backend 'add_sub' is not available in this server" in e.value.message()
     assert "--backend-directory" in e.value.message()
+
+
+def test_the_whole_server_serves_them_beside_every_other_model(server):
+    """The suite's repository holds `scaled` (tests/backends/scaler) and `scaled_numpy1`, the same
+    backend in an environment of its own: both batch, count in the metrics and statistics, and show in
+    the status document, beside every other kind of model."""
+    client = httpclient.InferenceServerClient(server.url)
+    seen = {}
+    for model in ("scaled", "scaled_numpy1"):
+        x = httpclient.InferInput("X", [2, 3], "FP32")
+        x.set_data_from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+        result = client.infer(model, [x])
+        assert result.as_numpy("Y").tolist() == (np.arange(6).reshape(2, 3) * 3).tolist()
+        seen[model] = result.as_numpy("NUMPY")[0, 0].decode()
+    assert seen == {"scaled": np.__version__, "scaled_numpy1": NUMPY_1}
+    metrics = scrape_metrics(server)
+    for model in ("scaled", "scaled_numpy1"):
+        assert metrics[f'nv_inference_request_success{{model="{model}",version="1"}}'] >= 1
+        assert client.get_inference_statistics(model)["model_stats"][0]["inference_count"] >= 2
+    status, _, body = http_request(server.metrics_port, "GET", "/status.json")
+    assert status == 200 and {"scaled", "scaled_numpy1"} <= {m["name"] for m in orjson.loads(body)["models"]}

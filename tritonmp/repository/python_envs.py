@@ -157,6 +157,7 @@ class Environments:
         return dest
 
     def _unpack(self, archive: str, dest: str) -> None:
+        log.info("Extracting Python execution env %s into %s", archive, dest)
         partial = tempfile.mkdtemp(prefix=os.path.basename(dest) + ".partial-", dir=os.path.dirname(dest))
         try:
             with tarfile.open(archive, "r:*") as tar:
@@ -168,7 +169,6 @@ class Environments:
             raise ConfigProblem("", f"parameters.{PARAMETER}", f"'{archive}' cannot be unpacked: "
                                 f"{type(e).__name__}: {e}") from None
         os.rename(partial, dest)
-        log.info("python environment %s unpacked into %s", archive, dest)
 
     # -- the interpreter -------------------------------------------------------------------------
     def _probe(self, source: str, root: str) -> PythonEnv:
