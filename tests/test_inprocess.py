@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 
 from tritonmp import tritonfrontend, tritonserver
 from tritonmp.gpus import visible_gpus
-from tritonmp.tritonserver import _dlpack, _gpu
+from tritonmp.tritonserver._api import _dlpack, _gpu
 
 import procfs
 from conftest import EXAMPLE_REPO, ROOT, TEST_MODELS, free_ports, shm_segments, wait_for, write_model

@@ -1,5 +1,5 @@
 """The server's settings: one object, made once from the `tritonmp` command's flags (cli.py) or
-from the in-process API's Options (tritonserver/_server.py), and read by every part that the server
+from the in-process API's Options (tritonserver/_api/_server.py), and read by every part that the server
 builds from it (the runtime, the server API, the model manager, each model version). Plain values
 only; the objects the server is given (log settings, tracer, response cache) travel beside it.
 

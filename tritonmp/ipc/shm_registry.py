@@ -42,7 +42,7 @@ class Region:
 @dataclass(frozen=True)
 class ShmRef:
     """A window of a registered region that holds (or will hold) one tensor's bytes; or of an
-    in-process caller's shared array (tritonserver/_shared.py), whose key is a /proc fd path."""
+    in-process caller's shared array (tritonserver/_api/_shared.py), whose key is a /proc fd path."""
 
     region: str
     key: str

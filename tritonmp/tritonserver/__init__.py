@@ -5,7 +5,7 @@ Code written for Triton's package runs with its import changed to
 command; the program's threads (or its asyncio loop) send requests with no network hop.
 """
 
-from ._errors import (
+from ._api._errors import (
     AlreadyExistsError,
     CancelledError,
     InternalError,
@@ -16,10 +16,10 @@ from ._errors import (
     UnknownError,
     UnsupportedError,
 )
-from ._model import Model, ModelBatchFlag, ModelTxnPropertyFlag
-from ._request import InferenceRequest
-from ._response import AsyncResponseIterator, InferenceResponse, ResponseIterator
-from ._server import (
+from ._api._model import Model, ModelBatchFlag, ModelTxnPropertyFlag
+from ._api._request import InferenceRequest
+from ._api._response import AsyncResponseIterator, InferenceResponse, ResponseIterator
+from ._api._server import (
     InstanceGroupKind,
     LogFormat,
     MetricFormat,
@@ -31,7 +31,7 @@ from ._server import (
     RateLimitMode,
     Server,
 )
-from ._tensor import DataType, DLDeviceType, MemoryType, Tensor
+from ._api._tensor import DataType, DLDeviceType, MemoryType, Tensor
 
 __all__ = [
     "AlreadyExistsError", "AsyncResponseIterator", "CancelledError", "DLDeviceType", "DataType", "InferenceRequest",

@@ -9,13 +9,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..errors import ServerError, Status
-from ..inference import InferRequest, InferResponse
-from ..observability.log_settings import LogSettings
-from ..observability.system import SystemSampler
-from ..runtime import ServerRuntime
-from ..scheduling.response_cache import ResponseCache
-from ..settings import ServerSettings
+from ...errors import ServerError, Status
+from ...inference import InferRequest, InferResponse
+from ...observability.log_settings import LogSettings
+from ...observability.system import SystemSampler
+from ...runtime import ServerRuntime
+from ...scheduling.response_cache import ResponseCache
+from ...settings import ServerSettings
 
 
 class Engine(ServerRuntime):

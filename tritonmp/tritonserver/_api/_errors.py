@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import ServerError, Status
+from ...errors import ServerError, Status
 
 
 class TritonError(Exception):

@@ -26,7 +26,7 @@ def runtime():
     global _runtime
     with _runtime_lock:
         if _runtime is None:
-            from ..workers.cuda_shm import CudaRuntime
+            from ...workers.cuda_shm import CudaRuntime
 
             try:
                 _runtime = CudaRuntime()

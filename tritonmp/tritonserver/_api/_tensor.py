@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import datatypes
+from ... import datatypes
 from . import _dlpack, _gpu
 from ._errors import InvalidArgumentError, UnsupportedError
 

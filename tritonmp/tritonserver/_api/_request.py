@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import datatypes, inference
+from ... import datatypes, inference
 from . import _gpu
 from ._errors import InvalidArgumentError, UnsupportedError
 from ._handle import ModelHandle
@@ -17,7 +17,7 @@ from ._shared import SharedArrays
 from ._tensor import DataType, Tensor, parse_device
 
 if TYPE_CHECKING:
-    from ..ipc.shm_registry import ShmRef
+    from ...ipc.shm_registry import ShmRef
 
 SEQUENCE_START, SEQUENCE_END = 1, 2  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_*
 

@@ -18,14 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ServerError
-from ..metrics_config import MetricsConfig, MetricsConfigError, parse_metrics_config
-from ..observability.log_settings import LogSettings
-from ..scheduling.response_cache import ResponseCache
-from ..server_api import ServerApi
-from ..settings import DEFAULTS, ServerSettings, SettingsError
-from ..storage.locations import is_remote
-from ..storage.remote import repository_problem
+from ...errors import ServerError
+from ...metrics_config import MetricsConfig, MetricsConfigError, parse_metrics_config
+from ...observability.log_settings import LogSettings
+from ...scheduling.response_cache import ResponseCache
+from ...server_api import ServerApi
+from ...settings import DEFAULTS, ServerSettings, SettingsError
+from ...storage.locations import is_remote
+from ...storage.remote import repository_problem
 from ._engine import Engine
 from ._errors import InternalError, InvalidArgumentError, UnavailableError, UnsupportedError, from_server_error
 from ._model import Model
@@ -253,8 +253,8 @@ class Server:
         return self._await(self._api().ready)
 
     def metadata(self) -> dict[str, Any]:
-        from .. import __version__
-        from ..server_api import EXTENSIONS
+        from ... import __version__
+        from ...server_api import EXTENSIONS
 
         self._check_started()
         return {"name": self.options.server_id, "version": __version__, "extensions": list(EXTENSIONS)}
@@ -269,7 +269,7 @@ class Server:
         return self._call(lambda: api.metrics_text(system).decode())
 
     def _system_sampler(self):
-        from ..observability.system import SystemSampler
+        from ...observability.system import SystemSampler
 
         engine = self._check_started()
         sampler = engine.sampler

@@ -6,7 +6,7 @@ import asyncio
 import enum
 from typing import Any
 
-from ..errors import ServerError
+from ...errors import ServerError
 from ._errors import InvalidArgumentError, from_server_error
 from ._handle import ServerHandle
 from ._request import InferenceRequest

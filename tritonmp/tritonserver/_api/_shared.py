@@ -22,7 +22,7 @@ import weakref
 
 import numpy as np
 
-from ..ipc.shm_registry import ShmRef, new_region_id
+from ...ipc.shm_registry import ShmRef, new_region_id
 
 REGION = "<shared array>"  # the region name that errors about these arrays mention
 

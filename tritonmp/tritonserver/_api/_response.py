@@ -7,8 +7,8 @@ import asyncio
 import queue
 from dataclasses import dataclass, field
 
-from .. import inference
-from ..errors import ServerError
+from ... import inference
+from ...errors import ServerError
 from ._errors import InternalError, TritonError, from_server_error
 from ._handle import ModelHandle
 from ._request import _api_tensor
