@@ -235,6 +235,13 @@ def test_statistics_count_alike(pair):
     assert ours[1]["model_stats"][0]["execution_count"] == 5
 
 
+def test_a_python_models_output_of_another_datatype_alike(pair):
+    """A python model returning FP64 for its TYPE_FP32 output: both send it as the model made it."""
+    body = orjson.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [2]}]})
+    ours, ref = (server.post("/v2/models/fail/infer", body) for server in pair)
+    assert ours[0] == ref[0] == 200 and orjson.loads(ours[2]) == orjson.loads(ref[2])
+
+
 def test_statistics_have_the_same_shape(pair):
     _both(pair, "POST", "/v2/models/add_py/infer", _add_body())
     (s1, ours), (s2, ref) = _both(pair, "GET", "/v2/models/add_py/stats")

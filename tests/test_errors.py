@@ -167,11 +167,17 @@ def test_a_models_unknown_error_stays_unknown(server):
     assert (status, orjson.loads(raw)["error"]) == (400, "X = 3 is a mystery")
 
 
-def test_model_output_of_the_wrong_datatype_is_an_error(server):
+def test_a_python_models_output_of_another_datatype_goes_as_it_made_it(server):
+    """As Triton 2.51 answers (checked against it): a python model's FP64 output for a TYPE_FP32 one is
+    sent as FP64, over HTTP and gRPC alike."""
     status, _, raw = server.post("/v2/models/fail/infer", orjson.dumps(
         {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [2]}]}))
-    assert status == 500
-    assert "returned output 'Y' as FP64, but its configuration declares TYPE_FP32" in orjson.loads(raw)["error"]
+    assert status == 200
+    assert orjson.loads(raw)["outputs"] == [{"name": "Y", "datatype": "FP64", "shape": [1], "data": [2.0]}]
+    x = grpcclient.InferInput("X", [1], "FP32")
+    x.set_data_from_numpy(np.array([2], np.float32))
+    result = grpcclient.InferenceServerClient(server.grpc_url).infer("fail", [x])
+    assert result.as_numpy("Y").dtype == np.float64 and result.as_numpy("Y").tolist() == [2.0]
 
 
 def test_model_output_that_is_not_a_tensor_is_an_error(server):

@@ -119,6 +119,18 @@ def test_strings_round_trip(server):
     assert response.outputs["Y"].to_string_array().tolist() == ["one"]
 
 
+def test_a_bytes_tensors_memory_is_tritons_serialized_buffer(server):
+    """data_ptr and size of a BYTES tensor describe Triton's buffer (each element's 4-byte length, then
+    its bytes), which programs such as Triton's OpenAI frontend read text from; and the classes are
+    where Triton's package keeps them."""
+    (response,) = server.model("echo").infer(inputs={"X": ["hi", "wörld"]})
+    assert isinstance(response, tritonserver._api._response.InferenceResponse)
+    tensor = response.outputs["Y"]
+    raw = ctypes.string_at(tensor.data_ptr, tensor.size)
+    assert raw == b"\x02\x00\x00\x00hi\x06\x00\x00\x00" + "wörld".encode()
+    assert tensor.to_bytes_array().tolist() == [b"hi", "wörld".encode()]  # still an array of its elements
+
+
 def test_model_metadata_config_statistics_and_properties(server):
     model = server.model("add_py")
     assert model.ready()
@@ -453,6 +465,13 @@ def test_load_with_a_config_override_and_unload(server):
                          "parameters": {"marker": {"string_value": "overridden"}}})
     model = server.load("echo", {"config": config})
     assert model.config()["parameters"]["marker"]["string_value"] == "overridden"
+    # names that cannot be a model: Triton's InvalidArgumentError and words; the others are not found
+    for name, words in (("..", "must not contain path traversal characters"), ("a/b", "path traversal"),
+                        ("", "Model name cannot be empty"), ("  ", "Model name cannot be empty")):
+        with pytest.raises(tritonserver.InvalidArgumentError, match=words):
+            server.load(name)
+    with pytest.raises(tritonserver.InternalError, match="not a valid model name"):
+        server.load(".hidden")
     server.unload("echo", wait_until_unloaded=True, timeout=30)
     assert not server.model("echo").ready()
     server.load("echo")
@@ -679,9 +698,16 @@ def test_options_that_contradict_each_other_are_refused_in_the_options_own_words
               "Options.load_on_demand works with Options.model_control_mode none or explicit"),
              (dict(max_resident_models=2),
               "Options.max_resident_models and Options.max_resident_memory_mb need Options.load_on_demand")]
+    explicit = tritonserver.ModelControlMode.EXPLICIT
+    cases.append((dict(model_control_mode=explicit, startup_models=["*", "add"]),
+                  "Wildcard model name '*' must be the ONLY startup model if specified at all."))
     for options, words in cases:
         with pytest.raises(tritonserver.InvalidArgumentError, match=re.escape(words)):
             tritonserver.Server(model_repository=repo, **options).start()
+    # a startup model no repository holds: Triton's words
+    with pytest.raises(tritonserver.InternalError,
+                       match="failed to poll model 'nowhere': model not found in any model repository"):
+        tritonserver.Server(model_repository=repo, model_control_mode=explicit, startup_models=["nowhere"]).start()
 
 
 def test_frontend_options_they_cannot_honour_are_refused(server):

@@ -154,8 +154,10 @@ def test_unknown_and_escaping_names_are_refused(explicit):
         assert e.value.message().startswith("failed to load 'nope', failed to poll from model repository")
         assert "/" not in e.value.message()  # no path of the server's file system
     g = grpcclient.InferenceServerClient(explicit.grpc_url)
-    for name in ("..", "../model_repository", ".hidden"):
-        with pytest.raises(InferenceServerException, match="not a valid model name"):
+    for name, message in (("..", "must not contain path traversal characters"),
+                          ("../model_repository", "must not contain path traversal characters"),
+                          (" ", "Model name cannot be empty"), (".hidden", "not a valid model name")):
+        with pytest.raises(InferenceServerException, match=message):
             g.load_model(name)
 
 

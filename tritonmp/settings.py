@@ -71,6 +71,8 @@ class ServerSettings:
         caller's users know it (a flag, an Options attribute)."""
         if self.load_models and self.model_control != "explicit":
             raise SettingsError(f"{name('load_models')} needs {name('model_control')} explicit")
+        if "*" in self.load_models and len(self.load_models) > 1:  # Triton's words
+            raise SettingsError("Wildcard model name '*' must be the ONLY startup model if specified at all.")
         if self.load_on_demand and self.model_control == "poll":
             raise SettingsError(f"{name('load_on_demand')} works with {name('model_control')} none or explicit: "
                                 "polling would load every model it finds changed")

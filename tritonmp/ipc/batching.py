@@ -187,7 +187,9 @@ def decode(result: transport.Result, batch: list[InferRequest], merge: bool, fra
 def decode_one(header: transport.ResponseHeader | transport.StreamResponse, request: InferRequest, frames,
                read: Callable[[int, int], memoryview] | None, output_types: dict[str, str], model: str,
                version: str) -> InferResponse | ServerError:
-    """One request's response (or error), from a batch's result or from a response sender's message."""
+    """One request's response (or error), from a batch's result or from a response sender's message. Its
+    outputs go as the model made them, their datatype included where it differs from the config's,
+    as Triton's python backend sends them."""
     if header.error:
         return _error(header.error_status, header.error)
     try:
@@ -197,8 +199,6 @@ def decode_one(header: transport.ResponseHeader | transport.StreamResponse, requ
             want = output_types.get(ref.name)
             if want is None or (wanted is not None and ref.name not in wanted):
                 continue
-            if want != ref.datatype:
-                _check_output(ref, output_types, model)
             # a frame's bytes as they came (the common case), else _buffer's answer
             data = frames[ref.frame] if ref.frame >= 0 and not ref.shm_key and not ref.cuda_handle else \
                 _buffer(ref, frames, read)

@@ -25,7 +25,7 @@ from ..settings import ServerSettings
 from .ensemble_version import EnsembleVersion
 from .model_table import ModelEntry, ModelTable, parse_version
 from .model_version import ModelVersion, instance_specs, latency_recorder
-from .repositories import Repositories, poll_failed, valid_model_name, write_files
+from .repositories import Repositories, check_load_name, poll_failed, valid_model_name, write_files
 from .residency import Residency, pss_bytes
 
 log = get_logger("models")
@@ -66,14 +66,19 @@ class ModelManager(ModelTable):
         --load-on-demand, only the named ones: the others load when first asked for."""
         await self.repositories.refresh()
         found = self.repositories.discover()
+        missing = []
         if names is None or "*" in names:
             wanted = sorted(found)
         else:  # a name stands for each model of that name
-            wanted = [k for n in names for k in (self.repositories.keys_named(n) or [n])]
+            wanted = [k for n in names for k in self.repositories.keys_named(n)]
+            missing = [n for n in names if not self.repositories.keys_named(n)]
         if self.residency is not None:
             wanted = [] if names is None else wanted
         for key in found:
             self._entry_for(key, found[key][0])
+        for name in missing:  # Triton's words for a startup model no repository holds
+            self._entry_for(name, "").problem = f"Invalid model name '{name}'" if not name else \
+                f"failed to poll model '{name}': model not found in any model repository."
 
         async def one(key):
             try:
@@ -115,6 +120,7 @@ class ModelManager(ModelTable):
                    ) -> None:
         """Load or reload the model `name` (with namespacing, each model of that name), as `_load`;
         the failures of several are raised together."""
+        check_load_name(name)
         if files or not self.namespacing:
             await self._load(name, config_override, files)
             return

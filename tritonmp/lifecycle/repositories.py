@@ -32,6 +32,17 @@ def model_key(namespace: str, name: str) -> str:
     return f"{namespace}::{name}" if namespace else name
 
 
+def check_load_name(name: str) -> None:
+    """Refuse the name a load gives, as Triton refuses it, where it cannot name a model: blank, or with a
+    path in it (INVALID_ARG, in Triton's words); other names that cannot be a model directory's are
+    refused where the model is looked for (`Repositories.source`)."""
+    trimmed = name.strip()
+    if not trimmed:
+        raise invalid("Model name cannot be empty. Please enter a valid name to deploy.")
+    if trimmed == ".." or "/" in trimmed:
+        raise invalid(f"invalid model name '{name}', model name must not contain path traversal characters")
+
+
 def valid_model_name(name: str) -> bool:
     """A name that can only ever mean a directory directly inside a repository."""
     return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0") \

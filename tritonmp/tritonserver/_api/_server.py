@@ -176,7 +176,7 @@ class Server:
         engine.start()
         self._engine = engine
         _live_servers.add(self)
-        names = list(self.options.startup_models) if settings.model_control == "explicit" else None
+        names = settings.load_models if settings.model_control == "explicit" else None
         if names == ["*"]:
             names = None  # every model of the repositories
         try:
@@ -377,6 +377,8 @@ class Server:
             rate_limit_resources=[(r.name, r.count, r.device if r.device >= 0 else None)
                                   for r in options.rate_limiter_resources],
             flags=_given_options(options))
+        if control == "explicit":  # Triton reads the startup models in explicit model control only
+            settings.load_models = list(options.startup_models)
         try:
             settings.check(lambda name: _OPTIONS.get(name, f"Options.{name}"))
         except SettingsError as e:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -86,6 +86,17 @@ class Tensor:
     shape: Sequence[int]
     _array: np.ndarray | None
     _memory: Any = None
+    _serialized: np.ndarray | None = field(default=None, repr=False, compare=False)  # a BYTES tensor's buffer
+
+    @property
+    def _buffer(self) -> np.ndarray:
+        """The bytes the tensor's data_ptr and size describe: its array, or for BYTES, Triton's
+        serialized buffer (each element's 4-byte little-endian length, then its bytes), made once."""
+        if self.data_type != DataType.BYTES:
+            return self.host_array
+        if self._serialized is None:
+            self._serialized = np.frombuffer(datatypes.serialize_bytes(self.host_array), dtype=np.uint8)
+        return self._serialized
 
     @property
     def memory_type(self) -> MemoryType:
@@ -97,11 +108,11 @@ class Tensor:
 
     @property
     def size(self) -> int:
-        return int(self.host_array.nbytes if self._memory is None else self._memory.nbytes)
+        return int(self._buffer.nbytes if self._memory is None else self._memory.nbytes)
 
     @property
     def data_ptr(self) -> int:
-        return int(self.host_array.ctypes.data if self._memory is None else self._memory.pointer)
+        return int(self._buffer.ctypes.data if self._memory is None else self._memory.pointer)
 
     def __dlpack__(self, *, stream=None, **_options):
         if self.data_type == DataType.BYTES:

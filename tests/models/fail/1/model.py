@@ -1,5 +1,6 @@
 """X = 0 raises from execute(); X = 1 answers with a TritonError (INVALID_ARG), X = 3 with one of code
-UNKNOWN; X = 2 returns the wrong dtype; X = 4 returns an array where a pb_utils.Tensor belongs."""
+UNKNOWN; X = 2 returns FP64 for its TYPE_FP32 output (sent as it is, as Triton sends it); X = 4 returns an
+array where a pb_utils.Tensor belongs."""
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
