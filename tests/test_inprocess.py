@@ -746,3 +746,33 @@ def test_a_repository_registered_while_serving_serves_its_folders_under_the_name
     server.unload("renamed", wait_until_unloaded=True)
     server.unregister_model_repository(str(extra))
     assert not [key for key in server.models() if key[0] == "renamed"]
+
+
+def test_a_program_written_for_triton_runs_unchanged_with_the_packages_under_tritons_names(example_repo):
+    """`python -m tritonmp.as_triton` is the folder that makes `import tritonserver` and `import
+    tritonfrontend` tritonmp's: a program written for Triton's packages, naming their private module
+    paths as Triton's OpenAI frontend does, runs as it is."""
+    program = f'''
+import numpy as np
+import tritonserver
+from tritonfrontend import KServeHttp
+
+def first(response: tritonserver._api._response.InferenceResponse) -> list:
+    return np.from_dlpack(response.outputs["C"]).tolist()
+
+server = tritonserver.Server(model_repository="{example_repo}", startup_models=["add"],
+                             model_control_mode=tritonserver.ModelControlMode.EXPLICIT).start(wait_until_ready=True)
+try:
+    ones = np.ones((1, 3), np.float32)
+    (response,) = server.model("add").infer(inputs={{"A": ones, "B": ones}})
+    assert isinstance(response, tritonserver._api._response.InferenceResponse) and KServeHttp.Options().port == 8000
+    print(first(response))
+finally:
+    server.stop()
+'''
+    folder = subprocess.run([sys.executable, "-m", "tritonmp.as_triton"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": folder})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[[2.0, 2.0, 2.0]]"

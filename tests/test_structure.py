@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("server api", ["server_api"]),
     ("frontends", ["frontends"]),
     ("assembly", ["runtime", "command", "triton_flags", "cli", "__main__", "tritonserver", "tritonfrontend",
-                  "ray_serve", "sagemaker_serve"]),
+                  "ray_serve", "sagemaker_serve", "as_triton"]),
 ]
 
 # Modules over MAX_LINES, each with the reason it is one module.
