@@ -107,6 +107,12 @@ def test_status_register_and_unregister(shm_server, regions):
      "Unable to open shared memory region: '/tritonmp-test-no-such-key'"),
     ({"key": "KEY", "offset": 0, "byte_size": 65}, 400, "failed to register shared memory region 'err': invalid args"),
     ({"key": "KEY", "offset": 60, "byte_size": 8}, 400, "failed to register shared memory region 'err': invalid args"),
+    # the four bounds of Triton's qa test_register_out_of_bound: each refused in its words
+    ({"key": "KEY", "offset": 1, "byte_size": 64}, 400, "failed to register shared memory region 'err': invalid args"),
+    ({"key": "KEY", "offset": 64, "byte_size": 1}, 400, "failed to register shared memory region 'err': invalid args"),
+    ({"key": "KEY", "offset": 65, "byte_size": 0}, 400, "failed to register shared memory region 'err': invalid args"),
+    ({"key": "KEY", "offset": 0, "byte_size": 0}, 400, "failed to register shared memory region 'err': invalid args "
+     "(an offset >= 0 and a byte_size > 0 are needed)"),
     ({"offset": 0, "byte_size": 8}, 400, "Shared memory register request has no 'key' field"),
 ])
 def test_registration_errors(shm_server, regions, body, status, message):

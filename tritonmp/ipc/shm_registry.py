@@ -82,10 +82,11 @@ class SharedMemoryRegistry:
         if not key:
             raise invalid(f"shared memory region '{name}' needs a key, an offset >= 0 and a byte_size > 0")
         size = _segment_size(key)  # a key that cannot be opened is said first, as Triton does
-        if offset < 0 or byte_size <= 0:
-            raise invalid(f"shared memory region '{name}' needs a key, an offset >= 0 and a byte_size > 0")
         if offset + byte_size > size:  # Triton's words, whether the key is registered already or not
             raise invalid(f"failed to register shared memory region '{name}': invalid args")
+        if offset < 0 or byte_size <= 0:  # in Triton's words too, with what is needed
+            raise invalid(f"failed to register shared memory region '{name}': invalid args (an offset >= 0 and a "
+                          "byte_size > 0 are needed)")
         self.regions[name] = Region(name, key, offset, byte_size, new_region_id())
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int,
