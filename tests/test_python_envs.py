@@ -181,3 +181,29 @@ def _ready(client, model: str) -> bool:
         return client.is_model_ready(model)
     except InferenceServerException:
         return False
+
+
+def test_environments_built_from_requirements(start_server, tmp_path):
+    """--python-env-from-requirements: a python model with a requirements.txt beside its model.py and no
+    EXECUTION_ENV_PATH runs in an environment built from it, once for two models with the same
+    requirements; requirements that cannot be installed fail the load with the build's log; without
+    the flag the file is only a file."""
+    repo, cache = tmp_path / "models", tmp_path / "env-cache"
+    for name in ("pinned", "pinned_again"):
+        (_model(repo, name, "") / "1" / "requirements.txt").write_text(f"numpy=={NUMPY_1}\n")
+    (_model(repo, "impossible", "") / "1" / "requirements.txt").write_text("tritonmp-no-such-package==0.0.1\n")
+    server = start_server([repo], f"--python-env-cache={cache}", "--python-env-from-requirements=true",
+                          "--model-control-mode=explicit", "--load-model=pinned", "--load-model=pinned_again")
+    client = httpclient.InferenceServerClient(server.url)
+    built = next(p for p in (cache / "requirements").iterdir() if p.is_dir())
+    assert _report(client, "pinned") == (NUMPY_1, str(built))
+    assert _report(client, "pinned_again") == (NUMPY_1, str(built))
+    assert server.log().count("Building Python execution env") == 1
+    with pytest.raises(InferenceServerException) as e:
+        client.load_model("impossible")
+    assert "building an environment from" in e.value.message() and "tritonmp-no-such-package" in e.value.message()
+    assert not list((cache / "requirements").glob("*.partial-*"))
+
+    plain = start_server([repo], f"--python-env-cache={tmp_path / 'other-cache'}", "--model-control-mode=explicit",
+                         "--load-model=pinned")
+    assert _report(httpclient.InferenceServerClient(plain.url), "pinned") == (NUMPY_2, sys.prefix)

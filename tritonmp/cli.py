@@ -249,7 +249,7 @@ def serve(argv: list[str]) -> int:
         busy_poll_us=args.busy_poll_us, heap_retain_bytes=args.worker_heap_retain_mb << 20,
         worker_start=args.worker_start, load_on_demand=args.load_on_demand,
         backend_directory=os.path.abspath(args.backend_directory) if args.backend_directory else "",
-        python_env_cache=args.python_env_cache,
+        python_env_cache=args.python_env_cache, python_env_from_requirements=args.python_env_from_requirements,
         max_resident_models=args.max_resident_models, max_resident_memory_bytes=args.max_resident_memory_mb << 20,
         load_on_demand_wait=args.load_on_demand_timeout_secs, load_threads=args.model_load_thread_count,
         load_retries=args.model_load_retry_count, model_namespacing=args.model_namespacing,
@@ -341,12 +341,14 @@ def check(argv: list[str]) -> int:
     p.add_argument("--backend-directory", default="", metavar="DIR", help="where python-based backends are")
     p.add_argument("--python-env-cache", default="", metavar="DIR",
                    help="where python models' environment archives are unpacked")
+    p.add_argument("--python-env-from-requirements", action="store_true",
+                   help="build a python model's environment from the requirements.txt beside its model.py")
     args = p.parse_args(argv)
     from .repository.check import check_repositories
 
     problems, models = check_repositories(args.repositories, not args.disable_auto_complete_config,
                                           os.path.abspath(args.backend_directory) if args.backend_directory else "",
-                                          args.python_env_cache)
+                                          args.python_env_cache, args.python_env_from_requirements)
     for line in problems:
         print(line)
     n = len(problems)

@@ -45,6 +45,7 @@ class ServerSettings:
     worker_start: str = "fork"  # --worker-start: "fork" from a template per backend, or "exec" each
     backend_directory: str = ""  # --backend-directory: where python-based backends are ("": none)
     python_env_cache: str = ""  # --python-env-cache: where models' environment archives are unpacked ("": default)
+    python_env_from_requirements: bool = False  # --python-env-from-requirements: build one from requirements.txt
     load_on_demand: bool = False  # --load-on-demand: a model loads when first asked for (lifecycle/residency.py)
     max_resident_models: int = 0  # --max-resident-models: with it, the least recently used unload past this (0: any)
     max_resident_memory_bytes: int = 0  # --max-resident-memory-mb: the same for their workers' PSS (0: any)

@@ -59,6 +59,10 @@ def add_to(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--python-env-cache", default=DEFAULTS.python_env_cache, metavar="DIR",
                         help="where python models' environment archives (EXECUTION_ENV_PATH) are unpacked, once "
                              "per archive content (default: ~/.cache/tritonmp/python-envs)")
+    parser.add_argument("--python-env-from-requirements", type=parse_bool,
+                        default=DEFAULTS.python_env_from_requirements, metavar="BOOL",
+                        help="a python model with a requirements.txt beside its model.py and no EXECUTION_ENV_PATH "
+                             "runs in an environment built from it (once per content, in --python-env-cache)")
     parser.add_argument("--model-config-name", default="",
                         help="read MODEL/configs/NAME.pbtxt where it exists instead of MODEL/config.pbtxt")
     parser.add_argument("--response-cache-byte-size", type=parse_int, default=0,

@@ -49,7 +49,7 @@ class ModelManager(ModelTable):
         self.services = ModelServices()
         self.templates = WorkerTemplates() if settings.worker_start == "fork" else None  # where workers fork from
         # python models' own environments (EXECUTION_ENV_PATH): unpacked once, probed once
-        self.environments = Environments(settings.python_env_cache)
+        self.environments = Environments(settings.python_env_cache, settings.python_env_from_requirements)
         self._startup: dict[str, asyncio.Task] = {}  # loads under way at startup, by model key
         # --load-on-demand: models load when first asked for, the least recently used unloaded past the budget
         self.residency = Residency(settings.max_resident_models, settings.max_resident_memory_bytes) \

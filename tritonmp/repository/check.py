@@ -16,10 +16,10 @@ from .python_envs import Environments
 
 
 def check_repositories(repositories: list[str], auto_complete: bool = True, backend_directory: str = "",
-                       env_cache: str = "") -> tuple[list[str], int]:
+                       env_cache: str = "", from_requirements: bool = False) -> tuple[list[str], int]:
     """(problems as lines, number of models looked at); `backend_directory`: where python-based backends
     are; `env_cache`: where python models' environment archives are unpacked ("": the default)."""
-    environments = Environments(env_cache)
+    environments = Environments(env_cache, from_requirements)
     problems: list[str] = []
     seen: dict[str, str] = {}
     completed: dict[str, cfg.Completed] = {}

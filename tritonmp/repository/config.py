@@ -151,7 +151,8 @@ def check_all(model_dir: str, auto_complete: bool = True, override: str | None =
         return problems + [found]
     if found.backend.name == "python":
         try:
-            found.python_env = (environments or python_envs.Environments()).prepare(config, model_dir, path)
+            found.python_env = (environments or python_envs.Environments()).prepare(
+                config, model_dir, path, os.path.dirname(found.newest_file(config)))
         except ConfigProblem as e:
             return problems + [e]
     done, more = complete(config, found, path, auto_complete, inspect, max_batch_sizes or {})

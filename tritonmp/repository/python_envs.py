@@ -3,7 +3,11 @@ backend reads it: `$$TRITON_MODEL_DIRECTORY` stands for the model's directory; a
 (conda-pack's, venv-pack's, or any packed environment) is unpacked once into a cache keyed by its
 content, so that instances, restarts, reloads and later servers share one copy and concurrent loads
 of one archive unpack it once; a directory (an unpacked environment, or any virtual environment) is
-used in place.
+used in place. Beyond Triton, with --python-env-from-requirements a python model that names no
+environment but has a `requirements.txt` beside its model.py gets one built for it: a virtual
+environment of the server's Python with those requirements (uv where it is installed, else venv and
+pip), built once per requirements' content into the same cache; a build that fails fails the load
+with its log.
 
 The model's workers, and its auto-complete run, are started by exec with that environment's
 interpreter, its packages first, its bin/ on PATH and its lib/ on LD_LIBRARY_PATH, and the user's
@@ -39,6 +43,7 @@ from .problems import ConfigProblem
 log = get_logger("models")
 PARAMETER = "EXECUTION_ENV_PATH"
 MODEL_DIRECTORY = "$$TRITON_MODEL_DIRECTORY"
+REQUIREMENTS = "requirements.txt"
 RUNTIME_DEPENDENCIES = ("msgspec", "posix_ipc", "ml_dtypes", "typing_extensions")
 MIN_NUMPY = (1, 23)
 # how a worker starts in the environment's interpreter: tritonmp first, the environment's packages,
@@ -97,18 +102,26 @@ class Environments:
     """The environments of one server's models: archives unpacked into `cache`, each environment
     probed once."""
 
-    def __init__(self, cache: str = ""):
+    def __init__(self, cache: str = "", from_requirements: bool = False):
         self.cache = os.path.abspath(cache or default_cache())
+        self.from_requirements = from_requirements  # --python-env-from-requirements
         self._lock = threading.Lock()
         self._unpacking: dict[str, threading.Lock] = {}
         self._digests: dict[tuple[str, int, int], str] = {}
         self._probed: dict[str, PythonEnv] = {}
         self._runtime: tuple[str, str] | None = None
 
-    def prepare(self, config: mc.ModelConfig, model_dir: str, where: str) -> PythonEnv | None:
-        """The model's environment ready to run its workers, or None where its config names none;
+    def prepare(self, config: mc.ModelConfig, model_dir: str, where: str, code_dir: str = "") -> PythonEnv | None:
+        """The model's environment ready to run its workers, or None where its config names none (and,
+        with from_requirements, `code_dir`, its model.py's directory, has no requirements.txt);
         ConfigProblem (about `where`) where it cannot be used, with the reason."""
         source = named_path(config, model_dir)
+        requirements = os.path.join(code_dir, REQUIREMENTS) if code_dir else ""
+        if not source and self.from_requirements and requirements and os.path.isfile(requirements):
+            try:
+                return self._probe(requirements, self._built(requirements))
+            except ConfigProblem as e:
+                raise ConfigProblem(where, e.field or REQUIREMENTS, e.message) from None
         if not source:
             return None
         try:
@@ -140,21 +153,56 @@ class Environments:
         return digest
 
     def _unpacked(self, archive: str) -> str:
-        """The directory holding `archive` unpacked: the cache's copy of its content, made now by one
-        load of it (in this process and any other sharing the cache) while the others wait."""
-        digest = self._digest(archive)
-        dest = os.path.join(self.cache, "archives", digest)
+        """The directory holding `archive` unpacked: the cache's copy of its content."""
+        return self._once(os.path.join(self.cache, "archives", self._digest(archive)),
+                          lambda dest: self._unpack(archive, dest))
+
+    def _once(self, dest: str, make) -> str:
+        """`dest`, made by `make(dest)` where it is not there yet: by one load (in this process and any
+        other sharing the cache) while the others wait for it."""
         if os.path.isdir(dest):
             return dest
         with self._lock:
-            lock = self._unpacking.setdefault(digest, threading.Lock())
+            lock = self._unpacking.setdefault(dest, threading.Lock())
         with lock:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             with open(dest + ".lock", "w") as held:
-                fcntl.flock(held, fcntl.LOCK_EX)  # another server unpacking the same archive
+                fcntl.flock(held, fcntl.LOCK_EX)  # another server making the same
                 if not os.path.isdir(dest):
-                    self._unpack(archive, dest)
+                    make(dest)
         return dest
+
+    # -- environments built from requirements ----------------------------------------------------
+    def _built(self, requirements: str) -> str:
+        """The environment of `requirements` (a requirements.txt) for the server's Python, built once
+        for its content."""
+        with open(requirements, "rb") as f:
+            content = f.read()
+        key = hashlib.sha256(sys.version.encode() + b"\0" + content).hexdigest()[:32]
+        return self._once(os.path.join(self.cache, "requirements", key), lambda dest: self._build(requirements, dest))
+
+    def _build(self, requirements: str, dest: str) -> None:
+        log.info("Building Python execution env from %s into %s", requirements, dest)
+        partial = tempfile.mkdtemp(prefix=os.path.basename(dest) + ".partial-", dir=os.path.dirname(dest))
+        uv = shutil.which("uv") or shutil.which("uv", path=os.path.dirname(sys.executable))
+        python = os.path.join(partial, "bin", "python")
+        steps = [[uv, "venv", "-q", "--python", sys.executable, partial],
+                 [uv, "pip", "install", "--python", python, "-r", requirements]] if uv else \
+            [[sys.executable, "-m", "venv", partial],
+             [python, "-m", "pip", "install", "--disable-pip-version-check", "-r", requirements]]
+        output = []
+        for step in steps:
+            try:
+                done = subprocess.run(step, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                done = subprocess.CompletedProcess(step, 1, "", str(e))
+            output.append(f"$ {' '.join(step)}\n{done.stdout}{done.stderr}")
+            if done.returncode != 0:
+                shutil.rmtree(partial, ignore_errors=True)
+                lines = "".join(output).strip().splitlines()
+                raise ConfigProblem("", REQUIREMENTS, f"building an environment from '{requirements}' failed; its "
+                                    "log:\n" + "\n".join(lines[-40:]))
+        os.rename(partial, dest)
 
     def _unpack(self, archive: str, dest: str) -> None:
         log.info("Extracting Python execution env %s into %s", archive, dest)
