@@ -121,6 +121,7 @@ def test_models_in_their_own_environments(start_server, tmp_path, environments):
     _escaping(_model(repo, "escaping", "$$TRITON_MODEL_DIRECTORY/env.tar.gz") / "env.tar.gz")
     _model(repo, "no_numpy", str(environments["bare"]))
     _model(repo, "missing", "$$TRITON_MODEL_DIRECTORY/nowhere.tar.gz")
+    _model(repo, "in_a_bucket", "s3://bucket/env.tar.gz")
 
     server = start_server([repo], f"--backend-directory={backends}", f"--python-env-cache={cache}",
                           "--model-control-mode=explicit", *(f"--load-model={m}" for m in
@@ -149,7 +150,7 @@ def test_models_in_their_own_environments(start_server, tmp_path, environments):
 
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     failures = {}
-    for name in ("damaged", "escaping", "no_numpy", "missing"):
+    for name in ("damaged", "escaping", "no_numpy", "missing", "in_a_bucket"):
         with pytest.raises(InferenceServerException) as e:
             grpc.load_model(name)
         failures[name] = e.value.message()
@@ -158,6 +159,7 @@ def test_models_in_their_own_environments(start_server, tmp_path, environments):
     assert not (repo / "escaping" / "outside.txt").exists() and not (cache / "archives" / "outside.txt").exists()
     assert f"the environment '{environments['bare']}' has no numpy, which the worker needs" in failures["no_numpy"]
     assert "nowhere.tar.gz' does not exist" in failures["missing"]
+    assert "'s3://bucket/env.tar.gz' is in object storage" in failures["in_a_bucket"]
     assert not list((cache / "archives").glob("*.partial-*")), "a failed unpacking leaves nothing behind"
     assert _report(client, "numpy2")[0] == NUMPY_2  # the server serves on
 

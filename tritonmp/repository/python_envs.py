@@ -95,6 +95,10 @@ def named_path(config: mc.ModelConfig, model_dir: str) -> str:
         return ""
     if path.startswith(MODEL_DIRECTORY):
         path = model_dir + path[len(MODEL_DIRECTORY):]
+    elif "://" in path:
+        raise ConfigProblem("", f"parameters.{PARAMETER}", f"'{path}' is in object storage: an environment "
+                            "there is served from the model's own folder ($$TRITON_MODEL_DIRECTORY/...), which is "
+                            "copied with the model")
     return os.path.normpath(os.path.join(model_dir, path))
 
 
@@ -115,7 +119,10 @@ class Environments:
         """The model's environment ready to run its workers, or None where its config names none (and,
         with from_requirements, `code_dir`, its model.py's directory, has no requirements.txt);
         ConfigProblem (about `where`) where it cannot be used, with the reason."""
-        source = named_path(config, model_dir)
+        try:
+            source = named_path(config, model_dir)
+        except ConfigProblem as e:
+            raise ConfigProblem(where, e.field, e.message) from None
         requirements = os.path.join(code_dir, REQUIREMENTS) if code_dir else ""
         if not source and self.from_requirements and requirements and os.path.isfile(requirements):
             try:
