@@ -151,6 +151,8 @@ def test_errors_raise_or_come_in_the_response(server):
         list(server.model("add").infer(inputs={"A": ONES}))  # B is missing
     (response,) = server.model("add").infer(inputs={"A": ONES}, raise_on_error=False)
     assert isinstance(response.error, tritonserver.InvalidArgumentError) and response.final
+    with pytest.raises(TypeError, match="an input's name must be a str, got None"):
+        server.model("add").infer(inputs={"A": ONES, None: ONES})  # as Triton's bindings refuse it
 
 
 def _n(n):

@@ -68,6 +68,10 @@ class Engine(ServerRuntime):
             except asyncio.CancelledError:
                 deliver(ServerError("Request for the model was cancelled", Status.CANCELLED))
                 raise
+            except Exception as e:  # a defect here still ends the request, with what went wrong
+                error = ServerError(f"{type(e).__name__}: {e}", Status.INTERNAL)
+                error.final = True
+                deliver(error)
             finally:
                 submission.finished = True
                 deliver(None)

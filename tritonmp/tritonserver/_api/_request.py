@@ -67,6 +67,9 @@ class InferenceRequest:
         if self.timeout:
             parameters["timeout"] = self.timeout
         shared = self.model._server._shared
+        for name in self.inputs:
+            if not isinstance(name, str):  # as Triton's bindings refuse it, before anything is sent
+                raise TypeError(f"InferenceRequest.inputs: an input's name must be a str, got {name!r}")
         inputs = [_core_tensor(name, Tensor._from_object(value), shared) for name, value in self.inputs.items()]
         version = "" if self.model.version in (-1, None) else str(self.model.version)
         return inference.InferRequest(self.model.name, version, self.request_id or "", inputs, None, parameters)
