@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,8 @@ EXAMPLE_REPO = ROOT / "configs" / "model_repository"
 TEST_MODELS = Path(__file__).resolve().parent / "models"
 # the suite's python-based backends: every server it starts is given them, unless a test says otherwise
 TEST_BACKENDS = Path(__file__).resolve().parent / "backends"
+# where the suite's servers unpack and remember python environments (removed when the session ends)
+ENV_CACHE = Path(tempfile.gettempdir()) / f"tritonmp-test-env-cache-{os.getpid()}"
 TRITONMP = [sys.executable, "-m", "tritonmp"]
 # The Triton extensions server metadata must list: exactly those really served.
 SERVED_EXTENSIONS = {"classification", "binary_tensor_data", "model_configuration", "parameters", "statistics",
@@ -52,6 +55,10 @@ def _skip_not_allowed(report) -> str | None:
         return None
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     return None if ALLOWED_CI_SKIPS.search(reason) else reason
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(ENV_CACHE, ignore_errors=True)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -186,6 +193,8 @@ class ServerProcess:
             cmd += ["--model-repository", str(repo)]
         if not any(a.startswith("--backend-directory") for a in args):
             cmd.append(f"--backend-directory={TEST_BACKENDS}")
+        if not any(a.startswith("--python-env-cache") for a in args):
+            cmd.append(f"--python-env-cache={ENV_CACHE}")
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self.proc = subprocess.Popen(cmd + list(args), stdout=self.log_file, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)
@@ -274,13 +283,31 @@ def test_repo(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("models") / "repo"
     # response_sender is served in its eight variants by response_sender_repo
     shutil.copytree(TEST_MODELS, repo, ignore=shutil.ignore_patterns("response_sender"))
-    # the python-based backend's model again, in an environment of its own with numpy 1
-    scaled_env = repo / "scaled_numpy1"
-    shutil.copytree(TEST_MODELS / "scaled", scaled_env)
-    with open(scaled_env / "config.pbtxt", "a") as f:
-        f.write(f'parameters {{ key: "EXECUTION_ENV_PATH" value {{ string_value: '
-                f'"{python_environment(NUMPY_1)}" }} }}\n')
+    # a python model in an environment of its own, with numpy 1 (the server has numpy 2)
+    environment = python_environment(NUMPY_1)
+    write_model(repo, "numpy1_env", NUMPY_REPORTER, 'backend: "python"\nmax_batch_size: 8\ndynamic_batching { }\n'
+                'input [ { name: "X", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+                'output [ { name: "Y", data_type: TYPE_FP32, dims: [ -1 ] }, '
+                '{ name: "NUMPY", data_type: TYPE_STRING, dims: [ 1 ] } ]\n'
+                'parameters { key: "EXECUTION_ENV_PATH" value { string_value: "' + str(environment) + '" } }\n')
     return repo
+
+
+# doubles X and says which numpy it runs with
+NUMPY_REPORTER = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            version = np.full((x.shape[0], 1), np.__version__.encode(), dtype=np.object_)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 2),
+                                                   pb_utils.Tensor("NUMPY", version)]))
+        return out
+"""
 
 
 NUMPY_1 = "1.26.4"  # the numpy of the suite's environment that differs from the server's

