@@ -209,3 +209,29 @@ def test_environments_built_from_requirements(start_server, tmp_path):
     plain = start_server([repo], f"--python-env-cache={tmp_path / 'other-cache'}", "--model-control-mode=explicit",
                          "--load-model=pinned")
     assert _report(httpclient.InferenceServerClient(plain.url), "pinned") == (NUMPY_2, sys.prefix)
+
+
+def test_a_passed_probe_is_remembered_until_the_environment_changes(start_server, tmp_path):
+    """A second server with the same cache runs no probe of an unchanged environment; once a package
+    is taken out of it, the next server probes it again and refuses it with the reason."""
+    env, repo, cache = tmp_path / "env", tmp_path / "models", tmp_path / "env-cache"
+    shutil.copytree(python_environment(NUMPY_1), env, symlinks=True)
+    _model(repo, "m", str(env))
+    args = (f"--python-env-cache={cache}", "--model-control-mode=explicit", "--load-model=m")
+    first = start_server([repo], *args)
+    assert _report(httpclient.InferenceServerClient(first.url), "m")[0] == NUMPY_1
+    assert len(list((cache / "probed").iterdir())) == 1
+    first.stop()
+    (record,) = (cache / "probed").iterdir()
+    written = record.stat().st_mtime_ns
+    second = start_server([repo], *args)  # the remembered probe: its record is read, not written again
+    assert _report(httpclient.InferenceServerClient(second.url), "m")[0] == NUMPY_1
+    assert list((cache / "probed").iterdir()) == [record] and record.stat().st_mtime_ns == written
+    second.stop()
+    site = next(env.glob("lib/python3*/site-packages"))
+    for entry in site.iterdir():
+        if entry.name.startswith("numpy"):
+            shutil.rmtree(entry)
+    third = start_server([repo], f"--python-env-cache={cache}", "--model-control-mode=explicit")
+    with pytest.raises(InferenceServerException, match="has no numpy, which the worker needs"):
+        grpcclient.InferenceServerClient(third.grpc_url).load_model("m")
