@@ -281,15 +281,9 @@ def example_repo(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def test_repo(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("models") / "repo"
-    # response_sender is served in its eight variants by response_sender_repo
-    shutil.copytree(TEST_MODELS, repo, ignore=shutil.ignore_patterns("response_sender"))
-    # a python model in an environment of its own, with numpy 1 (the server has numpy 2)
-    environment = python_environment(NUMPY_1)
-    write_model(repo, "numpy1_env", NUMPY_REPORTER, 'backend: "python"\nmax_batch_size: 8\ndynamic_batching { }\n'
-                'input [ { name: "X", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
-                'output [ { name: "Y", data_type: TYPE_FP32, dims: [ -1 ] }, '
-                '{ name: "NUMPY", data_type: TYPE_STRING, dims: [ 1 ] } ]\n'
-                'parameters { key: "EXECUTION_ENV_PATH" value { string_value: "' + str(environment) + '" } }\n')
+    # response_sender is served in its eight variants by response_sender_repo; llm (of the suite's
+    # python-based backend) by test_llm_backend and the whole-server repository
+    shutil.copytree(TEST_MODELS, repo, ignore=shutil.ignore_patterns("response_sender", "llm"))
     return repo
 
 

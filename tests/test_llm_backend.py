@@ -10,16 +10,26 @@ from __future__ import annotations
 
 import ctypes
 import json
+import shutil
 
 import numpy as np
 import orjson
+import pytest
 import tritonclient.grpc as grpcclient
 
 from tritonmp import tritonserver
 
-from conftest import TEST_BACKENDS, TEST_MODELS
+from conftest import TEST_BACKENDS, TEST_MODELS, serving
 
 PROMPT = "What is machine learning?"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("llm")
+    shutil.copytree(TEST_MODELS / "llm", repo / "llm")
+    with serving([repo], [], tmp_path_factory) as s:
+        yield s
 
 
 def test_generate_and_generate_stream(server):

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import NUMPY_1, http_request, scrape_metrics
+from conftest import http_request, scrape_metrics
 
 # the shared code of the add_sub backend: auto-completes its tensors, reads its model's model.json
 ADD_SUB = '''
@@ -175,22 +175,3 @@ def test_without_a_backend_directory_a_python_based_backend_is_unknown(start_ser
     assert "backend 'add_sub' is not available in this server" in e.value.message()
     assert "--backend-directory" in e.value.message()
 
-
-def test_the_whole_server_serves_them_beside_every_other_model(server):
-    """The suite's repository holds `llm` (the python-based backend tests/backends/tokens) and
-    `numpy1_env` (a python model in an environment of its own with numpy 1): both count in the
-    metrics and statistics, and show in the status document, beside every other kind of model."""
-    client = httpclient.InferenceServerClient(server.url)
-    x = httpclient.InferInput("X", [2, 3], "FP32")
-    x.set_data_from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
-    result = client.infer("numpy1_env", [x])
-    assert result.as_numpy("Y").tolist() == (np.arange(6).reshape(2, 3) * 2).tolist()
-    assert result.as_numpy("NUMPY")[0, 0].decode() == NUMPY_1 != np.__version__
-    status, _, raw = server.post("/v2/models/llm/generate", orjson.dumps({"text_input": "a b"}))
-    assert status == 200 and orjson.loads(raw)["text_output"] == "a b the quick brown fox"
-    metrics = scrape_metrics(server)
-    for model in ("llm", "numpy1_env"):
-        assert metrics[f'nv_inference_request_success{{model="{model}",version="1"}}'] >= 1
-        assert client.get_inference_statistics(model)["model_stats"][0]["inference_count"] >= 1
-    status, _, body = http_request(server.metrics_port, "GET", "/status.json")
-    assert status == 200 and {"llm", "numpy1_env"} <= {m["name"] for m in orjson.loads(body)["models"]}

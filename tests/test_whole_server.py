@@ -14,7 +14,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 from whole_repo import build, infer_probe, probe_inputs, served, walk_observability
 
-from conftest import scrape_metrics, serving
+from conftest import TEST_BACKENDS, scrape_metrics, serving
 
 ARGS = ["--model-control-mode=explicit", "--load-model=*", "--exit-on-error=false", "--strict-readiness=false",
         "--allow-client-shm=true"]
@@ -211,7 +211,7 @@ def test_the_in_process_api_serves_every_kind(whole):
     root, probes = whole
     names = served(probes)
     with tritonserver.Server(model_repository=str(root), model_control_mode=tritonserver.ModelControlMode.EXPLICIT,
-                             startup_models=names) as server:
+                             startup_models=names, backend_directory=str(TEST_BACKENDS)) as server:
         assert set(names) <= {name for name, _ in server.models()}
         for seq, name in enumerate(names, start=500):
             model, probe = server.model(name), probes[name]
@@ -220,7 +220,9 @@ def test_the_in_process_api_serves_every_kind(whole):
             outputs: dict[str, list] = {}
             for response in model.infer(inputs=probe.inputs, raise_on_error=True, **kwargs):
                 for out_name, tensor in response.outputs.items():
-                    outputs.setdefault(out_name, []).append(np.from_dlpack(tensor))
+                    outputs.setdefault(out_name, []).append(
+                        tensor.to_bytes_array() if tensor.data_type == tritonserver.DataType.BYTES
+                        else np.from_dlpack(tensor))
             probe.check({k: np.concatenate(v) if probe.stream else v[0] for k, v in outputs.items()})
             assert model.statistics()["model_stats"][0]["inference_stats"]["success"]["count"] >= 1, name
         with pytest.raises(tritonserver.TritonError, match="this model never loads"):

@@ -4,8 +4,10 @@ with a probe: a request it answers and what the answer must be.
 
 Kinds: ONNX, ONNX with reshaped tensors, ONNX with a ragged input, batch input and batch output,
 python, BLS, decoupled, sequence, ensemble, classification, each CPU framework
-(OpenVINO, TensorFlow, PyTorch), a model without inputs (with a readiness check of its own), a model
-that fails to load and one that crash-loops once asked to."""
+(OpenVINO, TensorFlow, PyTorch), a model without inputs (with a readiness check of its own), a
+python-based backend's model (tests/backends/tokens, decoupled, the vLLM backend's interface), a python
+model in an environment of its own (EXECUTION_ENV_PATH, numpy 1), a model that fails to load and one
+that crash-loops once asked to."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import np_to_triton_dtype
 
-from conftest import TEST_MODELS, http_request, scrape_metrics, write_model
+from conftest import NUMPY_1, NUMPY_REPORTER, TEST_MODELS, http_request, python_environment, scrape_metrics, write_model
 
 ONES = np.ones((1, 3), np.float32)
 
@@ -122,8 +124,14 @@ def build(root: Path, example_repo: Path) -> dict[str, Probe | None]:
     root.mkdir(parents=True)
     for name in ("add", "add_py"):
         shutil.copytree(example_repo / name, root / name)
-    for name in ("bls", "repeat", "accumulate", "scores"):
+    for name in ("bls", "repeat", "accumulate", "scores", "llm"):
         shutil.copytree(TEST_MODELS / name, root / name)
+    write_model(root, "numpy1_env", NUMPY_REPORTER, 'backend: "python"\nmax_batch_size: 8\ndynamic_batching { }\n'
+                'input [ { name: "X", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+                'output [ { name: "Y", data_type: TYPE_FP32, dims: [ -1 ] }, '
+                '{ name: "NUMPY", data_type: TYPE_STRING, dims: [ 1 ] } ]\n'
+                'parameters { key: "EXECUTION_ENV_PATH" value { string_value: "' + str(python_environment(NUMPY_1))
+                + '" } }\n')
     (root / "pipeline" / "1").mkdir(parents=True)
     (root / "pipeline" / "config.pbtxt").write_text(PIPELINE)
     from test_ragged import CONFIG as RAGGED_CONFIG
@@ -176,6 +184,11 @@ def build(root: Path, example_repo: Path) -> dict[str, Probe | None]:
         "tf_graphdef": Probe({"x": row}, _equal("y", row * 2 + 1)),
         "torch_addsub": Probe({"INPUT__0": row, "INPUT__1": ONES}, _equal("OUTPUT__0", row + 1)),
         "generator": Probe({}, _equal("TICKET", [42])),
+        "llm": Probe({"text_input": np.array([b"hi"], dtype=object), "stream": np.array([True]),
+                      "sampling_parameters": np.array([b'{"max_tokens": 2}'], dtype=object)},
+                     _equal("text_output", [b" the", b" quick"]), stream=True, outputs=["text_output"]),
+        "numpy1_env": Probe({"X": np.array([[1.0, 2.0]], np.float32)},
+                            lambda out: (_equal("Y", [[2.0, 4.0]])(out), _equal("NUMPY", [[NUMPY_1.encode()]])(out))),
         "crashloop": Probe({"X": np.array([2.0], np.float32)}, _equal("Y", [2.0])),
         "broken": None,
     }
