@@ -127,3 +127,16 @@ def test_a_step_resolves_to_another_repository_when_its_own_has_none(start_serve
     assert states == {("step", "UNAVAILABLE")}
     client.load_model("step")  # and loads each
     assert [r.get("state") for r in client.get_model_repository_index() if r["name"] == "step"] == ["READY"] * 2
+
+
+def test_a_startup_model_may_be_named_by_its_key(start_server, tmp_path):
+    """With namespacing, --load-model takes a model's key (`<repository>::<name>`) as well as a name; a
+    name no repository holds fails in Triton's words."""
+    up, down = _repositories(tmp_path)
+    server = start_server([up, down], "--model-namespacing=true", "--model-control-mode=explicit",
+                          f"--load-model={up}::step", "--load-model=nowhere", "--exit-on-error=false",
+                          "--strict-readiness=false")
+    assert _infer(httpclient.InferenceServerClient(server.url), "step") == [11, 21]
+    index = orjson.loads(server.post("/v2/repository/index", b"{}")[2])
+    assert {"name": "nowhere", "state": "UNAVAILABLE",
+            "reason": "failed to poll model 'nowhere': model not found in any model repository."} in index, index

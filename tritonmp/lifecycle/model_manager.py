@@ -48,7 +48,7 @@ class ModelManager(ModelTable):
         # ServerApi.serve_models) and python models' own metric families: one for every model version
         self.services = ModelServices()
         self.templates = WorkerTemplates() if settings.worker_start == "fork" else None  # where workers fork from
-        # python models' own environments (EXECUTION_ENV_PATH): unpacked once, probed once
+        # python models' own environments (EXECUTION_ENV_PATH): unpacked once, each probed once
         self.environments = Environments(settings.python_env_cache, settings.python_env_from_requirements)
         self._startup: dict[str, asyncio.Task] = {}  # loads under way at startup, by model key
         # --load-on-demand: models load when first asked for, the least recently used unloaded past the budget
@@ -70,8 +70,10 @@ class ModelManager(ModelTable):
         if names is None or "*" in names:
             wanted = sorted(found)
         else:  # a name stands for each model of that name
-            wanted = [k for n in names for k in self.repositories.keys_named(n)]
-            missing = [n for n in names if not self.repositories.keys_named(n)]
+            # (or the model of that key: with --model-namespacing, a name may be given as its key)
+            held = {n: self.repositories.keys_named(n) or ([n] if n in found else []) for n in names}
+            wanted = [k for n in names for k in held[n]]
+            missing = [n for n in names if not held[n]]
         if self.residency is not None:
             wanted = [] if names is None else wanted
         for key in found:
