@@ -23,7 +23,7 @@ import procfs
 from conftest import add_inputs, http_request, serving
 
 HERE = Path(__file__).parent
-ATTACK_SECONDS = 3.0
+ATTACK_SECONDS = 2.0
 RATE = 20.0  # legitimate requests a second, per protocol
 
 

@@ -90,7 +90,7 @@ def _prometheus(server, tmp_path):
         wait_for(lambda: _ready(port) or proc.poll() is not None, 60, "prometheus to start")
         assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
         # enough scrapes for rates over 15 s windows
-        wait_for(lambda: _query(port, 'count_over_time(up{job="tritonmp"}[1m]) >= 8 and up{job="tritonmp"} == 1'),
+        wait_for(lambda: _query(port, 'count_over_time(up{job="tritonmp"}[1m]) >= 4 and up{job="tritonmp"} == 1'),
                  60, "eight scrapes of tritonmp")
         yield server, port
     finally:
