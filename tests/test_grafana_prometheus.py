@@ -91,7 +91,7 @@ def _prometheus(server, tmp_path):
         assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
         # enough scrapes for rates over 15 s windows
         wait_for(lambda: _query(port, 'count_over_time(up{job="tritonmp"}[1m]) >= 4 and up{job="tritonmp"} == 1'),
-                 60, "eight scrapes of tritonmp")
+                 60, "four scrapes of tritonmp")
         yield server, port
     finally:
         stop.set()
